@@ -1,0 +1,30 @@
+# sandfleet: every target installs what it needs first (hack/bootstrap is idempotent and fast when warm).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test bootstrap lint unit cluster-up cluster-down
+
+# The README's test command: bootstrap, build the local cluster, lint, then every test.
+test: bootstrap
+	hack/cluster build
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest tests
+
+bootstrap:
+	hack/bootstrap
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+unit: bootstrap
+	$(PY) -m pytest tests/unit
+
+cluster-up: bootstrap
+	hack/cluster up
+
+cluster-down:
+	hack/cluster down

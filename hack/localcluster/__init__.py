@@ -1,0 +1,1 @@
+"""Local Kubernetes cluster from source: etcd, control plane and kwok nodes, for tests and demos."""

@@ -1,0 +1,1 @@
+"""The operator: kopf handlers that keep SandboxPools filled with warm sandboxes."""

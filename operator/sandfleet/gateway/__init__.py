@@ -1,0 +1,1 @@
+"""The gateway: leases sandboxes to rollout workers and proxies their data plane."""
