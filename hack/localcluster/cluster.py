@@ -23,16 +23,20 @@ SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"  # handed to kwok for fake pod IPs; nothing is ever routed there
 
 
+def _port(name: str, default: int) -> int:
+    return int(os.environ.get(f"SANDFLEET_{name}_PORT", default))
+
+
 @dataclass(frozen=True)
 class Ports:
-    """Loopback ports the cluster listens on (override with SANDFLEET_*_PORT)."""
+    """Loopback ports the cluster listens on; each can be moved (SANDFLEET_<NAME>_PORT) to run two."""
 
-    apiserver: int = int(os.environ.get("SANDFLEET_APISERVER_PORT", "16443"))
-    etcd_client: int = int(os.environ.get("SANDFLEET_ETCD_PORT", "23790"))
-    etcd_peer: int = int(os.environ.get("SANDFLEET_ETCD_PEER_PORT", "23800"))
-    controller_manager: int = 10257
-    scheduler: int = 10259
-    kwok: int = 10247
+    apiserver: int = _port("APISERVER", 16443)
+    etcd_client: int = _port("ETCD", 23790)
+    etcd_peer: int = _port("ETCD_PEER", 23800)
+    controller_manager: int = _port("CONTROLLER_MANAGER", 10257)
+    scheduler: int = _port("SCHEDULER", 10259)
+    kwok: int = _port("KWOK", 10247)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class Topology:
 
     nodes: int = 12
     gpu_nodes: int = 2
+
+    def __post_init__(self) -> None:
+        nodes.simulated_nodes(self.nodes, self.gpu_nodes)  # raises ValueError with the flag to fix
 
 
 def _log(message: str) -> None:

@@ -1,4 +1,14 @@
-"""Names of the sandfleet API: the CRD group, kinds, labels and annotations every component shares."""
+"""Names of the sandfleet API: the CRD group, kinds, labels and annotations every component shares.
+
+A sandbox on Kubernetes is one Pod. Its lease lives on the Pod itself (a label for selection, an
+annotation with the details), so a claim is one conditional write and survives any restart:
+
+- the operator creates Pods labelled `lease-state=free`;
+- the gateway claims a Ready free Pod by patching it to `leased` with a resourceVersion
+  precondition (a lost race is a 409, never a double lease);
+- release patches it to `released`; the operator deletes released Pods and Pods whose lease
+  expired, and never deletes a leased Pod to shrink a pool.
+"""
 
 from typing import Final
 
@@ -14,3 +24,23 @@ ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 
 DEFAULT_RUNTIME_CLASS: Final = "gvisor"
 DEFAULT_AGENT_PORT: Final = 8000
+
+# Labels on sandbox Pods (all low-cardinality except run, which bulk release selects on).
+POOL_LABEL: Final = f"{GROUP}/pool"
+SANDBOX_REGION_LABEL: Final = f"{GROUP}/region"
+TEMPLATE_HASH_LABEL: Final = f"{GROUP}/template-hash"
+IMAGE_KEY_LABEL: Final = f"{GROUP}/image-key"
+LEASE_STATE_LABEL: Final = f"{GROUP}/lease-state"
+RUN_LABEL: Final = f"{GROUP}/run"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "sandfleet"
+
+LEASE_FREE: Final = "free"
+LEASE_LEASED: Final = "leased"
+LEASE_RELEASED: Final = "released"
+
+# Annotations on sandbox Pods.
+LEASE_ANNOTATION: Final = f"{GROUP}/lease"  # JSON, see sandfleet.core.leases.Lease
+LEASE_EXPIRES_ANNOTATION: Final = f"{GROUP}/lease-expires-at"  # unix seconds, for quick reaping
+
+SANDBOX_CONTAINER: Final = "sandbox"

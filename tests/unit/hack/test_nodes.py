@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from localcluster.nodes import GPU_REGIONS, GPU_RESOURCE, REGIONS, simulated_nodes
 
 REGION = "topology.kubernetes.io/region"

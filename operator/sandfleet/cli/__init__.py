@@ -1,0 +1,28 @@
+"""The `sandfleet` command line: one typer app; each command group lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="sandfleet",
+    help="gVisor-isolated coding sandboxes for agentic RL: serve, lease, exec, operate.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print sandfleet's version."""
+    from sandfleet import __version__
+
+    typer.echo(__version__)
+
+
+def _register_commands() -> None:
+    # Importing a command module adds its commands to `app`; each imports its heavy deps lazily.
+    from sandfleet.cli import operator_commands  # noqa: F401
+
+
+_register_commands()

@@ -1,0 +1,91 @@
+"""Leases as plain data: what a lease holds, how it is written on a Pod, and when it has ended."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from sandfleet.core import api
+
+
+class LeaseError(ValueError):
+    """A lease request that cannot be honoured, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The exclusive right to one sandbox for one episode, until `expires_at` (unix seconds)."""
+
+    id: str
+    pool: str
+    holder: str
+    acquired_at: float
+    expires_at: float
+    ttl_seconds: int
+    labels: dict[str, str] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    policy_version: int | None = None
+
+    @property
+    def run(self) -> str | None:
+        return self.labels.get("run")
+
+    def expired(self, now: float) -> bool:
+        return now >= self.expires_at
+
+    def renewed(self, now: float, ttl_seconds: int) -> Lease:
+        return replace(self, expires_at=now + ttl_seconds, ttl_seconds=ttl_seconds)
+
+
+def choose_ttl(requested: int | None, default_ttl: int, max_ttl: int) -> int:
+    """The TTL a lease gets: the pool's default when none is asked for, never above the pool's max."""
+    if requested is None:
+        return default_ttl
+    if requested <= 0:
+        raise LeaseError(f"ttl_seconds must be positive, got {requested}")
+    if requested > max_ttl:
+        raise LeaseError(
+            f"ttl_seconds {requested} is above this pool's maximum of {max_ttl}: "
+            "ask for less and renew while the episode runs"
+        )
+    return requested
+
+
+def lease_metadata(lease: Lease) -> dict[str, Any]:
+    """The labels and annotations that put `lease` on a sandbox Pod (a merge-patch body)."""
+    labels: dict[str, str | None] = {api.LEASE_STATE_LABEL: api.LEASE_LEASED}
+    labels[api.RUN_LABEL] = lease.run if lease.run and _label_safe(lease.run) else None
+    return {
+        "labels": labels,
+        "annotations": {
+            api.LEASE_ANNOTATION: json.dumps(asdict(lease), sort_keys=True),
+            api.LEASE_EXPIRES_ANNOTATION: f"{lease.expires_at:.3f}",
+        },
+    }
+
+
+def release_metadata() -> dict[str, Any]:
+    """The merge-patch body that marks a Pod's lease released (the operator then deletes it)."""
+    return {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
+
+
+def lease_from_annotations(annotations: dict[str, str] | None) -> Lease | None:
+    """The lease recorded on a Pod, or None if it has none (or an unreadable one)."""
+    raw = (annotations or {}).get(api.LEASE_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return Lease(**data)
+    except (TypeError, ValueError):
+        return None
+
+
+def _label_safe(value: str) -> bool:
+    return (
+        0 < len(value) <= 63
+        and value[0].isalnum()
+        and value[-1].isalnum()
+        and all(c.isalnum() or c in "-_." for c in value)
+    )

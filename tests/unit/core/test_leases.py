@@ -1,0 +1,76 @@
+"""Lease arithmetic and how a lease is written on, and read back from, a Pod."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sandfleet.core import api
+from sandfleet.core.leases import (
+    Lease,
+    LeaseError,
+    choose_ttl,
+    lease_from_annotations,
+    lease_metadata,
+    release_metadata,
+)
+
+label_text = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=0, max_size=80)
+
+
+def make_lease(**overrides: object) -> Lease:
+    fields: dict[str, object] = {
+        "id": "l-1",
+        "pool": "python",
+        "holder": "actor-0",
+        "acquired_at": 100.0,
+        "expires_at": 160.0,
+        "ttl_seconds": 60,
+        "labels": {"run": "run-1", "episode": "7"},
+        "policy_version": 3,
+    }
+    fields.update(overrides)
+    return Lease(**fields)  # type: ignore[arg-type]
+
+
+def test_ttl_defaults_and_bounds() -> None:
+    assert choose_ttl(None, default_ttl=900, max_ttl=3600) == 900
+    assert choose_ttl(60, default_ttl=900, max_ttl=3600) == 60
+    with pytest.raises(LeaseError, match="above this pool's maximum of 3600"):
+        choose_ttl(3601, default_ttl=900, max_ttl=3600)
+    with pytest.raises(LeaseError, match="must be positive"):
+        choose_ttl(0, default_ttl=900, max_ttl=3600)
+
+
+def test_expiry_is_inclusive_and_renewal_moves_it() -> None:
+    lease = make_lease()
+    assert not lease.expired(159.9)
+    assert lease.expired(160.0)
+    renewed = lease.renewed(now=150.0, ttl_seconds=120)
+    assert renewed.expires_at == 270.0
+    assert renewed.id == lease.id
+
+
+@given(run=label_text, episode=st.text(max_size=20), version=st.none() | st.integers(0, 10**6))
+def test_lease_round_trips_through_pod_metadata(run: str, episode: str, version: int | None) -> None:
+    lease = make_lease(labels={"run": run, "episode": episode}, policy_version=version)
+    metadata = lease_metadata(lease)
+    assert metadata["labels"][api.LEASE_STATE_LABEL] == api.LEASE_LEASED
+    assert lease_from_annotations(metadata["annotations"]) == lease
+    run_label = metadata["labels"][api.RUN_LABEL]
+    # The run label is only set when it is a valid label value; otherwise it is removed.
+    assert run_label in (run, None)
+    if run_label is not None:
+        assert 0 < len(run_label) <= 63
+
+
+def test_unreadable_or_missing_lease_annotation_is_no_lease() -> None:
+    assert lease_from_annotations(None) is None
+    assert lease_from_annotations({}) is None
+    assert lease_from_annotations({api.LEASE_ANNOTATION: "{not json"}) is None
+    assert lease_from_annotations({api.LEASE_ANNOTATION: '{"id": "x"}'}) is None
+
+
+def test_release_marks_the_pod_released() -> None:
+    assert release_metadata() == {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
