@@ -1,0 +1,58 @@
+"""The lease wait queue's policy: who is admitted, their position and ETA, and when to say 429."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether a caller may wait for a sandbox, and what to tell them."""
+
+    admitted: bool
+    position: int  # 1-based place in the pool's queue once admitted
+    eta_seconds: float
+    retry_after_seconds: int  # for a 429: when trying again is likely to be admitted
+
+
+def admit(waiting: int, max_waiting: int, eta_per_place: float) -> Admission:
+    """Admit a caller behind `waiting` others unless the queue is full."""
+    position = waiting + 1
+    eta = position * eta_per_place
+    if waiting >= max_waiting:
+        # Told to come back when the queue has drained enough to take them.
+        return Admission(False, position, eta, max(1, math.ceil(eta - max_waiting * eta_per_place)))
+    return Admission(True, position, eta, 0)
+
+
+@dataclass
+class RateEstimator:
+    """An exponentially weighted event rate (events/s) with a half-life, fed with times passed in."""
+
+    half_life_seconds: float = 10.0
+    rate: float = 0.0
+    last_event: float | None = None
+
+    def observe(self, now: float, events: int = 1) -> None:
+        if self.last_event is None:
+            self.last_event = now
+            return
+        elapsed = max(now - self.last_event, 1e-3)
+        decay = 0.5 ** (elapsed / self.half_life_seconds)
+        self.rate = self.rate * decay + (1 - decay) * (events / elapsed)
+        self.last_event = now
+
+    def current(self, now: float) -> float:
+        """The rate as of `now`: it decays while no events arrive."""
+        if self.last_event is None:
+            return 0.0
+        idle = max(now - self.last_event, 0.0)
+        return float(self.rate * 0.5 ** (idle / self.half_life_seconds))
+
+
+def eta_per_place(refill_rate: float, spinup_seconds: float) -> float:
+    """Seconds each place in the queue is worth: the refill rate if known, else one spin-up."""
+    if refill_rate > 1e-6:
+        return 1.0 / refill_rate
+    return spinup_seconds

@@ -1,0 +1,354 @@
+"""The gateway's HTTP API (FastAPI): thin routes over the lease service and the agent proxy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sandfleet import __version__
+from sandfleet.core import api
+from sandfleet.core.leases import LeaseError
+from sandfleet.gateway.auth import Authenticator, Caller, NotAllowed, Unauthenticated
+from sandfleet.gateway.backend import Backend
+from sandfleet.gateway.leasing import (
+    Forbidden,
+    Gone,
+    LeaseRequest,
+    LeaseService,
+    NotFound,
+    QueueFull,
+    WaitTimeout,
+)
+from sandfleet.gateway.metrics import GatewayMetrics
+from sandfleet.gateway.models import (
+    AcquireRequest,
+    AcquireResponse,
+    BulkReleaseResponse,
+    LeaseList,
+    LeaseResponse,
+    LeaseView,
+    PoolList,
+    PoolView,
+    Problem,
+    ReleaseResponse,
+    RenewRequest,
+    Timings,
+)
+from sandfleet.gateway.proxy import AgentProxy, SandboxUnreachable
+
+
+@dataclass
+class Runtime:
+    """What a running gateway is made of; `start`/`stop` bring the backend's watches up and down."""
+
+    backend: Backend
+    authenticator: Authenticator
+    ready: Callable[[], bool]
+    start: Callable[[], Awaitable[None]]
+    stop: Callable[[], Awaitable[None]]
+    agent_token: str | None = None
+    max_waiting: int = 1000
+
+
+def _problem(status: int, error: str, detail: str, **extra: Any) -> JSONResponse:
+    headers = {}
+    if extra.get("retry_after_seconds") is not None:
+        headers["Retry-After"] = str(extra["retry_after_seconds"])
+    body = Problem(error=error, detail=detail, **extra).model_dump(exclude_none=True)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": text}
+    for code, text in {
+        401: "No or unknown bearer token.",
+        403: "The caller may not use this pool or lease.",
+        404: "No such pool or lease.",
+        410: "The lease has ended (released or expired).",
+        422: "The request is malformed: the detail says which field and why.",
+        429: "The pool's queue is full: retry after Retry-After seconds.",
+        502: "The sandbox's agent did not answer: the sandbox is lost.",
+        503: "The Kubernetes API is unreachable or the gateway is not synced yet.",
+        504: "No warm sandbox within wait_seconds: the detail has the queue position and ETA.",
+    }.items()
+}
+
+
+async def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    """The authenticated caller of a request (401 before any work when there is none)."""
+    authenticator: Authenticator = request.app.state.authenticator
+    return await authenticator.authenticate(authorization)
+
+
+Authed = Annotated[Caller, Depends(current_caller)]
+
+
+def create_app(runtime: Runtime) -> FastAPI:
+    """The gateway app over one runtime (Kubernetes or local)."""
+    metrics = GatewayMetrics()
+    service = LeaseService(runtime.backend, max_waiting=runtime.max_waiting)
+    proxy = AgentProxy(runtime.agent_token)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        yield
+        await proxy.close()
+        await runtime.stop()
+
+    app = FastAPI(
+        title="sandfleet gateway",
+        version=__version__,
+        description="Episode leases on gVisor sandboxes, and their data plane.",
+        lifespan=lifespan,
+        responses=ERRORS,
+    )
+    app.state.service = service
+    app.state.authenticator = runtime.authenticator
+    app.state.metrics = metrics
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        metrics.request_duration.labels(template, request.method).observe(time.perf_counter() - started)
+        return response
+
+    # -- errors: every one is a Problem with what to do, never a stack trace -------------------
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        parts = []
+        for item in error.errors():
+            where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+            parts.append(f"{where or 'body'}: {item.get('msg', 'invalid')}")
+        return _problem(422, "invalid_request", "; ".join(parts))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return _problem(error.status_code, "http_error", str(error.detail))
+
+    handlers: dict[type[Exception], tuple[int, str]] = {
+        Unauthenticated: (401, "unauthenticated"),
+        NotAllowed: (403, "forbidden"),
+        Forbidden: (403, "forbidden"),
+        NotFound: (404, "not_found"),
+        Gone: (410, "lease_ended"),
+        LeaseError: (422, "invalid_lease"),
+        SandboxUnreachable: (502, "sandbox_lost"),
+    }
+    for exception_type, (status, code) in handlers.items():
+
+        async def handle(
+            _: Request, error: Exception, status: int = status, code: str = code
+        ) -> JSONResponse:
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            response = _problem(status, code, str(error))
+            if headers:
+                response.headers.update(headers)
+            return response
+
+        app.add_exception_handler(exception_type, handle)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_: Request, error: QueueFull) -> JSONResponse:
+        a = error.admission
+        return _problem(
+            429,
+            "queue_full",
+            str(error),
+            queue_position=a.position,
+            eta_seconds=round(a.eta_seconds, 3),
+            retry_after_seconds=a.retry_after_seconds,
+        )
+
+    @app.exception_handler(WaitTimeout)
+    async def wait_timeout(_: Request, error: WaitTimeout) -> JSONResponse:
+        return _problem(
+            504,
+            "no_sandbox_in_time",
+            str(error),
+            queue_position=error.position,
+            eta_seconds=round(error.eta_seconds, 3),
+            retry_after_seconds=max(1, round(error.eta_seconds)),
+        )
+
+    @app.exception_handler(Exception)
+    async def unavailable(_: Request, error: Exception) -> JSONResponse:
+        # Reached when the apiserver (or another dependency) fails mid-request: a 503 to retry.
+        return _problem(
+            503,
+            "unavailable",
+            f"a dependency failed ({type(error).__name__}); retry shortly",
+            retry_after_seconds=2,
+        )
+
+    # -- health and metrics ----------------------------------------------------------------------
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: ERRORS[503]})
+    async def readyz() -> JSONResponse:
+        if not runtime.ready():
+            return _problem(503, "not_ready", "not synced with the runtime yet", retry_after_seconds=1)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics_endpoint() -> Response:
+        metrics.leases_active.set(len(service.leases()))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- pools and leases ------------------------------------------------------------------------
+
+    @app.get("/v1/pools", tags=["pools"])
+    async def list_pools(who: Authed) -> PoolList:
+        views = []
+        for pool in runtime.backend.pools():
+            sandboxes = runtime.backend.sandboxes(pool.name)
+            views.append(
+                PoolView(
+                    name=pool.name,
+                    regions=list(pool.regions),
+                    image=pool.image,
+                    warm=sum(s.warm for s in sandboxes),
+                    leased=sum(s.state == api.LEASE_LEASED for s in sandboxes),
+                    waiting=service.waiting(pool.name),
+                    default_ttl_seconds=pool.default_ttl_seconds,
+                    max_ttl_seconds=pool.max_ttl_seconds,
+                )
+            )
+        return PoolList(pools=views)
+
+    @app.post("/v1/leases", status_code=201, tags=["leases"])
+    async def acquire(body: AcquireRequest, who: Authed) -> AcquireResponse:
+        started = time.perf_counter()
+        service.pool(body.pool)
+        await runtime.authenticator.authorize(who, body.pool)
+        request = LeaseRequest(
+            pool=body.pool,
+            holder=who.name,
+            count=body.count,
+            regions=tuple(body.regions),
+            ttl_seconds=body.ttl_seconds,
+            labels=body.labels,
+            idempotency_key=body.idempotency_key,
+            policy_version=body.policy_version,
+            wait_seconds=body.wait_seconds,
+        )
+        try:
+            granted = await service.acquire(request)
+        except (QueueFull, WaitTimeout) as error:
+            result = "rejected" if isinstance(error, QueueFull) else "timeout"
+            metrics.acquisitions.labels(body.pool, "rejected").inc(body.count)
+            metrics.lease_wait.labels(body.pool, result).observe(time.perf_counter() - started)
+            raise
+        result = "queued" if granted.position or granted.queue_seconds > 0.05 else "warm_hit"
+        metrics.acquisitions.labels(body.pool, result).inc(len(granted.leases))
+        total = time.perf_counter() - started
+        metrics.lease_wait.labels(body.pool, result).observe(total)
+        return AcquireResponse(
+            leases=[LeaseView.of(lease, sandbox) for lease, sandbox in granted.leases],
+            queue_position=granted.position,
+            timings=Timings(
+                queue_ms=granted.queue_seconds * 1000,
+                claim_ms=granted.claim_seconds * 1000,
+                total_ms=total * 1000,
+            ),
+        )
+
+    @app.get("/v1/leases", tags=["leases"])
+    async def list_leases(
+        who: Authed,
+        pool: Annotated[str | None, Query(max_length=253)] = None,
+        run: Annotated[str | None, Query(max_length=253)] = None,
+    ) -> LeaseList:
+        found = service.leases(pool=pool, run=run, holder=who.name)
+        return LeaseList(leases=[LeaseView.of(lease, sandbox) for lease, sandbox in found])
+
+    @app.get("/v1/leases/{lease_id}", tags=["leases"])
+    async def get_lease(lease_id: str, who: Authed) -> LeaseResponse:
+        lease, sandbox = await service.current(lease_id, who.name)
+        return LeaseResponse(lease=LeaseView.of(lease, sandbox))
+
+    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"])
+    async def renew(lease_id: str, body: RenewRequest, who: Authed) -> LeaseResponse:
+        lease = await service.renew(lease_id, who.name, body.ttl_seconds)
+        _, sandbox = await service.current(lease_id, who.name)
+        return LeaseResponse(lease=LeaseView.of(lease, sandbox))
+
+    @app.delete("/v1/leases/{lease_id}", tags=["leases"])
+    async def release(lease_id: str, who: Authed) -> ReleaseResponse:
+        return ReleaseResponse(id=lease_id, released=await service.release(lease_id, who.name))
+
+    @app.post("/v1/runs/{run}/release", tags=["leases"])
+    async def release_run(run: str, who: Authed) -> BulkReleaseResponse:
+        return BulkReleaseResponse(run=run, released=await service.release_run(run, who.name))
+
+    # -- data plane: the leased sandbox's agent, through the gateway ---------------------------
+
+    async def forward(
+        request: Request, lease_id: str, who: Caller, agent_path: str, stream: bool = False
+    ) -> Response:
+        started = time.perf_counter()
+        _, sandbox = await service.current(lease_id, who.name)
+        url = sandbox.agent_url()
+        if url is None:
+            raise SandboxUnreachable("the sandbox has no address yet; release it and lease another")
+        response, agent_seconds = await proxy.forward(request, url, agent_path, stream=stream)
+        if agent_path.startswith("/v1/exec"):
+            metrics.exec_seconds.observe(agent_seconds)
+        total = (time.perf_counter() - started) * 1000
+        response.headers["Server-Timing"] = f"exec;dur={agent_seconds * 1000:.2f}, total;dur={total:.2f}"
+        return response
+
+    data_plane = [
+        ("POST", "/exec", "/v1/exec", False, "Run a command (argv or shell) and wait for it."),
+        ("POST", "/exec/stream", "/v1/exec/stream", True, "Run a command, streaming NDJSON events."),
+        ("POST", "/jobs", "/v1/jobs", False, "Start a background job."),
+        ("GET", "/jobs", "/v1/jobs", False, "List background jobs."),
+        ("GET", "/jobs/{job}", "/v1/jobs/{job}", False, "A job's status."),
+        ("GET", "/jobs/{job}/wait", "/v1/jobs/{job}/wait", False, "Wait for a job to end."),
+        ("GET", "/jobs/{job}/output", "/v1/jobs/{job}/output", False, "A job's output so far."),
+        ("POST", "/jobs/{job}/kill", "/v1/jobs/{job}/kill", False, "Kill a job's process group."),
+        ("DELETE", "/jobs/{job}", "/v1/jobs/{job}", False, "Forget a finished job."),
+        ("GET", "/files", "/v1/files", False, "Read a file."),
+        ("PUT", "/files", "/v1/files", False, "Write a file."),
+        ("DELETE", "/files", "/v1/files", False, "Delete a file or tree."),
+        ("GET", "/files/list", "/v1/files/list", False, "List a directory."),
+        ("GET", "/files/stat", "/v1/files/stat", False, "Stat a path."),
+        ("GET", "/files/archive", "/v1/files/archive", True, "Download a tree as tar."),
+        ("PUT", "/files/archive", "/v1/files/archive", False, "Upload a tar into a tree."),
+        ("POST", "/evaluate", "/v1/evaluate", False, "Apply a patch, run the tests, get a reward."),
+    ]
+
+    def proxied(agent_path: str, stream: bool) -> Callable[..., Awaitable[Response]]:
+        async def route(request: Request, lease_id: str, who: Authed) -> Response:
+            path = agent_path.format(**request.path_params)
+            return await forward(request, lease_id, who, path, stream)
+
+        return route
+
+    for method, suffix, agent_path, stream, summary in data_plane:
+        app.add_api_route(
+            f"/v1/leases/{{lease_id}}{suffix}",
+            proxied(agent_path, stream),
+            methods=[method],
+            summary=summary,
+            tags=["sandbox"],
+            response_class=Response,
+            responses={200: {"description": "The agent's own response, passed through."}},
+        )
+    return app

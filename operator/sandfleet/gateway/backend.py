@@ -1,0 +1,53 @@
+"""What the lease service needs from a runtime: pools, a live index of sandboxes, conditional writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sandfleet.core.leases import Lease
+from sandfleet.core.sandboxes import Sandbox
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """The parts of a SandboxPool the gateway uses."""
+
+    namespace: str
+    name: str
+    default_ttl_seconds: int
+    max_ttl_seconds: int
+    regions: tuple[str, ...]
+    image: str
+
+
+class Backend(Protocol):
+    """A runtime (Kubernetes or local gVisor) seen from the lease service.
+
+    Writes are conditional: `claim` succeeds only if the sandbox is unchanged since it was read,
+    which is what makes a double lease impossible however many gateways run.
+    """
+
+    def pool(self, name: str) -> PoolInfo | None: ...
+
+    def pools(self) -> list[PoolInfo]: ...
+
+    def sandboxes(self, pool: str | None = None) -> list[Sandbox]: ...
+
+    def sandbox(self, lease_id: str) -> Sandbox | None: ...
+
+    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+        """Call `on_change` whenever a sandbox is added or changes (e.g. becomes warm)."""
+
+    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+        """Put `lease` on `sandbox` if nobody changed it since it was read; None if somebody did."""
+
+    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+        """Replace the lease on a leased sandbox (renewal), conditionally like `claim`."""
+
+    async def release(self, sandbox: Sandbox) -> None:
+        """Mark the sandbox released; the runtime destroys it off the critical path."""
+
+    async def fresh(self, lease_id: str) -> Sandbox | None:
+        """Read one sandbox from the source of truth (not the index), None if it is gone."""

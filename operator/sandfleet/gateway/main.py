@@ -1,0 +1,45 @@
+"""Assembles and runs the Kubernetes gateway: the watch-fed backend, auth, the app, uvicorn."""
+
+from __future__ import annotations
+
+import uvicorn
+from fastapi import FastAPI
+
+from sandfleet.gateway.app import Runtime, create_app
+from sandfleet.gateway.auth import Authenticator, parse_token_file
+from sandfleet.gateway.kube import KubeBackend
+from sandfleet.gateway.settings import GatewaySettings
+
+
+def kube_app(settings: GatewaySettings) -> FastAPI:
+    """A gateway app serving the pools of one namespace from the Kubernetes API."""
+    tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
+    agent_token = settings.agent_token_file.read_text().strip() if settings.agent_token_file else None
+    backend = KubeBackend(settings.namespace)
+    reviews = settings.auth == "kubernetes"
+    authenticator = Authenticator(
+        static_tokens=tokens,
+        review_token=backend.review_token if reviews else None,
+        review_access=backend.may_use_pool if reviews else None,
+        anonymous_allowed=settings.auth == "none",
+    )
+    runtime = Runtime(
+        backend=backend,
+        authenticator=authenticator,
+        ready=lambda: backend.synced.is_set() and backend.connected,
+        start=backend.start,
+        stop=backend.stop,
+        agent_token=agent_token,
+        max_waiting=settings.max_waiting,
+    )
+    return create_app(runtime)
+
+
+def run(settings: GatewaySettings) -> None:
+    uvicorn.run(
+        kube_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+    )

@@ -1,0 +1,133 @@
+"""The gateway's request and response bodies, as pydantic models (they are the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandfleet.core.leases import Lease
+from sandfleet.core.sandboxes import Sandbox
+
+NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AcquireRequest(Strict):
+    """Lease one sandbox (or `count`, all or nothing) from a pool."""
+
+    pool: str = Field(min_length=1, max_length=253, pattern=NAME, description="SandboxPool name.")
+    count: int = Field(1, ge=1, le=256, description="Sandboxes to lease at once (a GRPO group).")
+    regions: list[str] = Field(
+        default_factory=list, max_length=16, description="Preferred regions, best first."
+    )
+    ttl_seconds: int | None = Field(
+        None, ge=1, le=604800, description="Lease TTL; the pool's default when omitted."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Free-form labels (run, episode, ...); `run` allows bulk release.",
+    )
+    policy_version: int | None = Field(None, ge=0, description="Policy version of the episode.")
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=128, description="Retries with the same key get the same lease."
+    )
+    wait_seconds: float = Field(
+        30.0, ge=0, le=600, description="How long to wait in the pool's queue for a sandbox."
+    )
+
+
+class Timings(BaseModel):
+    """Where the request's time went, in milliseconds."""
+
+    queue_ms: float = 0.0
+    claim_ms: float = 0.0
+    boot_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class LeaseView(BaseModel):
+    """One lease and how to reach its sandbox through the gateway."""
+
+    id: str
+    pool: str
+    holder: str
+    region: str
+    sandbox: str
+    acquired_at: float
+    expires_at: float
+    ttl_seconds: int
+    labels: dict[str, str]
+    policy_version: int | None
+    idempotency_key: str | None
+
+    @classmethod
+    def of(cls, lease: Lease, sandbox: Sandbox) -> LeaseView:
+        return cls(
+            id=lease.id,
+            pool=lease.pool,
+            holder=lease.holder,
+            region=sandbox.region,
+            sandbox=sandbox.name,
+            acquired_at=lease.acquired_at,
+            expires_at=lease.expires_at,
+            ttl_seconds=lease.ttl_seconds,
+            labels=lease.labels,
+            policy_version=lease.policy_version,
+            idempotency_key=lease.idempotency_key,
+        )
+
+
+class AcquireResponse(BaseModel):
+    leases: list[LeaseView]
+    queue_position: int = Field(description="Callers ahead on arrival; 0 when served at once.")
+    timings: Timings
+
+
+class RenewRequest(Strict):
+    ttl_seconds: int | None = Field(None, ge=1, le=604800)
+
+
+class LeaseResponse(BaseModel):
+    lease: LeaseView
+
+
+class ReleaseResponse(BaseModel):
+    id: str
+    released: bool = Field(description="False when the lease had already ended (still a success).")
+
+
+class BulkReleaseResponse(BaseModel):
+    run: str
+    released: list[str]
+
+
+class LeaseList(BaseModel):
+    leases: list[LeaseView]
+
+
+class PoolView(BaseModel):
+    name: str
+    regions: list[str]
+    image: str
+    warm: int
+    leased: int
+    waiting: int
+    default_ttl_seconds: int
+    max_ttl_seconds: int
+
+
+class PoolList(BaseModel):
+    pools: list[PoolView]
+
+
+class Problem(BaseModel):
+    """Every error: what was wrong and what to do."""
+
+    error: str = Field(description="A stable machine-readable code.")
+    detail: str = Field(description="What went wrong and what to do about it.")
+    queue_position: int | None = None
+    eta_seconds: float | None = None
+    retry_after_seconds: int | None = None

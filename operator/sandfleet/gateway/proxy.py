@@ -1,0 +1,89 @@
+"""The data plane: forwards exec, jobs, files and evaluate to the leased sandbox's agent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
+
+# Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus our own credentials.
+HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+    "content-length",
+}
+
+
+class SandboxUnreachable(ConnectionError):
+    """The leased sandbox's agent did not answer: the sandbox is lost."""
+
+
+class AgentProxy:
+    """One pooled HTTP client to every agent (keep-alive makes an exec a single round trip)."""
+
+    def __init__(self, agent_token: str | None = None, timeout: float = 3600.0) -> None:
+        self.agent_token = agent_token
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def _headers(self, request: Request) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        if self.agent_token:
+            headers["authorization"] = f"Bearer {self.agent_token}"
+        return headers
+
+    async def forward(
+        self, request: Request, agent_url: str, path: str, stream: bool = False
+    ) -> tuple[Response, float]:
+        """Send the caller's request to `agent_url + path`; the response and the agent's time."""
+        outgoing = self.client.build_request(
+            request.method,
+            agent_url + path,
+            params=request.query_params,
+            headers=self._headers(request),
+            content=request.stream(),
+        )
+        started = time.monotonic()
+        try:
+            upstream = await self.client.send(outgoing, stream=True)
+        except httpx.TransportError as error:
+            raise SandboxUnreachable(
+                f"the sandbox's agent did not answer ({type(error).__name__}): the sandbox is "
+                "lost; release this lease and acquire another"
+            ) from error
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+        if stream:
+            return (
+                StreamingResponse(_relay(upstream), status_code=upstream.status_code, headers=headers),
+                time.monotonic() - started,
+            )
+        try:
+            body = await upstream.aread()
+        finally:
+            await upstream.aclose()
+        elapsed = time.monotonic() - started
+        return Response(body, status_code=upstream.status_code, headers=headers), elapsed
+
+
+async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    finally:
+        await upstream.aclose()

@@ -1,0 +1,184 @@
+"""Gateway fixtures on the real cluster: a pool, its sandbox Pods, and real gateway processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandfleet.core import api
+from tests.support.kube import Kubectl, wait_until
+
+REGIONS = ("us-east1", "europe-west4", "asia-southeast1")
+TOKENS = "actor-token actor-0 python,other\nother-token actor-1 other\n"
+
+
+def pool_manifest(name: str = "python", max_ttl: int = 3600) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.POOL_KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 0,
+            "regions": [{"name": r} for r in REGIONS],
+            "template": {"image": "sandfleet/sandbox:test"},
+            "lease": {"defaultTTLSeconds": 60, "maxTTLSeconds": max_ttl},
+        },
+    }
+
+
+def sandbox_pod(name: str, pool: str, region: str) -> dict[str, Any]:
+    """A sandbox Pod as the operator makes it (contract: sandfleet.core.api)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {
+                api.POOL_LABEL: pool,
+                api.SANDBOX_REGION_LABEL: region,
+                api.LEASE_STATE_LABEL: api.LEASE_FREE,
+            },
+        },
+        "spec": {
+            "nodeSelector": {api.REGION_LABEL: region},
+            "containers": [
+                {
+                    "name": api.SANDBOX_CONTAINER,
+                    "image": "sandfleet/sandbox:test",
+                    "ports": [{"containerPort": 8000}],
+                }
+            ],
+        },
+    }
+
+
+@dataclass
+class Pool:
+    kube: Kubectl
+    name: str
+
+    def add_sandboxes(self, count: int, region: str | None = None, prefix: str = "sb") -> list[str]:
+        names = [f"{self.name}-{prefix}-{i:04d}" for i in range(count)]
+        pods = [sandbox_pod(n, self.name, region or REGIONS[i % len(REGIONS)]) for i, n in enumerate(names)]
+        for start in range(0, len(pods), 200):
+            self.kube.apply(pods[start : start + 200])
+        wait_until(lambda: self.ready_count(prefix) >= count, timeout=120, what=f"{count} ready sandboxes")
+        return names
+
+    def pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.kube.json("get", "pods", "-l", f"{api.POOL_LABEL}={self.name}")[
+            "items"
+        ]
+        return items
+
+    def ready_count(self, prefix: str) -> int:
+        return sum(
+            1
+            for p in self.pods()
+            if p["metadata"]["name"].startswith(f"{self.name}-{prefix}-")
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+        )
+
+    def leases_on_pods(self) -> dict[str, dict[str, Any]]:
+        """Pod name -> the lease annotation, read from the cluster (the truth)."""
+        found = {}
+        for pod in self.pods():
+            raw = pod["metadata"].get("annotations", {}).get(api.LEASE_ANNOTATION)
+            if raw:
+                found[pod["metadata"]["name"]] = json.loads(raw)
+        return found
+
+
+@pytest.fixture
+def pool(kube: Kubectl) -> Pool:
+    kube.apply(pool_manifest("python"))
+    kube.apply(pool_manifest("other"))
+    return Pool(kube, "python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Gateway:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self, token: str | None = "actor-token", timeout: float = 60) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+GatewayFactory = Callable[..., Gateway]
+
+
+@pytest.fixture
+def start_gateway(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[GatewayFactory]:
+    started: list[Gateway] = []
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKENS)
+
+    def start(auth: str = "static", max_waiting: int = 1000) -> Gateway:
+        port = free_port()
+        log = tmp_path / f"gateway-{port}.log"
+        argv = [
+            sys.executable, "-m", "sandfleet.cli", "gateway",
+            "--host", "127.0.0.1", "--port", str(port), "--namespace", namespace,
+            "--auth", auth, "--token-file", str(tokens), "--max-waiting", str(max_waiting),
+        ]  # fmt: skip
+        env = dict(os.environ, KUBECONFIG=str(kubectl.kubeconfig))
+        with log.open("wb") as out:
+            process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        gateway = Gateway(f"http://127.0.0.1:{port}", process, log)
+        started.append(gateway)
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"gateway exited:\n{log.read_text()}")
+            try:
+                return httpx.get(f"{gateway.url}/readyz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, timeout=30, what="the gateway to be ready")
+        return gateway
+
+    yield start
+    for gateway in started:
+        if gateway.process.poll() is None:
+            gateway.process.terminate()
+            try:
+                gateway.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    wait_until(predicate, timeout=timeout, what=what)
+
+
+def now() -> float:
+    return time.time()

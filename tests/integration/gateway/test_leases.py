@@ -1,0 +1,304 @@
+"""Leases through real gateway processes on the real apiserver; the truth is read from the Pods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from sandfleet.core import api
+from tests.integration.gateway.conftest import GatewayFactory, Pool
+from tests.support.kube import Kubectl
+
+pytestmark = pytest.mark.cluster
+
+
+def acquire(client: httpx.Client, **body: Any) -> httpx.Response:
+    return client.post("/v1/leases", json={"pool": "python", **body})
+
+
+def test_lease_is_written_on_the_pod_and_release_marks_it(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(3)
+    gateway = start_gateway()
+    with gateway.client() as client:
+        response = acquire(client, labels={"run": "r1", "episode": "7"}, policy_version=4)
+        assert response.status_code == 201, response.text
+        body = response.json()
+        (lease,) = body["leases"]
+        assert body["queue_position"] == 0
+        assert set(body["timings"]) >= {"queue_ms", "claim_ms", "boot_ms", "total_ms"}
+        pod = pool.kube.json("get", "pod", lease["sandbox"])
+        assert pod["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_LEASED
+        assert pod["metadata"]["labels"][api.RUN_LABEL] == "r1"
+        assert pool.leases_on_pods()[lease["sandbox"]]["policy_version"] == 4
+
+        assert client.get(f"/v1/leases/{lease['id']}").json()["lease"]["holder"] == "actor-0"
+        assert [x["id"] for x in client.get("/v1/leases", params={"run": "r1"}).json()["leases"]] == [
+            lease["id"]
+        ]
+        released = client.delete(f"/v1/leases/{lease['id']}")
+        assert released.json() == {"id": lease["id"], "released": True}
+        again = client.delete(f"/v1/leases/{lease['id']}")
+        assert again.status_code == 200
+        assert again.json()["released"] is False
+        pod = pool.kube.json("get", "pod", lease["sandbox"])
+        assert pod["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_RELEASED
+        gone = client.get(f"/v1/leases/{lease['id']}")
+        assert gone.status_code == 410
+        assert "released" in gone.json()["detail"]
+
+
+def test_500_concurrent_acquires_over_3_gateways_never_lease_a_sandbox_twice(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    pool.add_sandboxes(300)
+    gateways = [start_gateway() for _ in range(3)]
+
+    async def burst() -> list[httpx.Response]:
+        clients = [
+            httpx.AsyncClient(
+                base_url=g.url,
+                headers={"Authorization": "Bearer actor-token"},
+                timeout=60,
+                limits=httpx.Limits(max_connections=200),
+            )
+            for g in gateways
+        ]
+        try:
+            return await asyncio.gather(
+                *(
+                    clients[i % 3].post("/v1/leases", json={"pool": "python", "wait_seconds": 3})
+                    for i in range(500)
+                )
+            )
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+
+    responses = asyncio.run(burst())
+    statuses = Counter(r.status_code for r in responses)
+    assert set(statuses) <= {201, 504}, statuses
+    granted = [r.json()["leases"][0] for r in responses if r.status_code == 201]
+    assert len(granted) == 300, statuses
+    assert len({g["sandbox"] for g in granted}) == 300
+    # The Pods agree: exactly the 300 granted leases, each on its own Pod.
+    on_pods = pool.leases_on_pods()
+    assert {pod: lease["id"] for pod, lease in on_pods.items()} == {g["sandbox"]: g["id"] for g in granted}
+    for timeout in (r for r in responses if r.status_code == 504):
+        assert timeout.json()["queue_position"] >= 1
+        assert int(timeout.headers["Retry-After"]) >= 1
+
+
+def test_killing_a_gateway_loses_no_lease(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(6)
+    first, second = start_gateway(), start_gateway()
+    with first.client() as client:
+        ids = [acquire(client).json()["leases"][0]["id"] for _ in range(4)]
+    first.kill()
+    with second.client() as client:
+        for lease_id in ids:
+            got = client.get(f"/v1/leases/{lease_id}")
+            assert got.status_code == 200, got.text
+            assert client.post(f"/v1/leases/{lease_id}/renew", json={}).status_code == 200
+        # The 2 sandboxes nobody leased are still handed out, and nothing else.
+        more = [acquire(client, wait_seconds=1) for _ in range(3)]
+        assert [r.status_code for r in more] == [201, 201, 504]
+
+
+def test_expired_lease_is_gone_and_its_sandbox_never_handed_out_again(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    pool.add_sandboxes(1)
+    gateway = start_gateway()
+    with gateway.client() as client:
+        lease = acquire(client, ttl_seconds=1).json()["leases"][0]
+        time.sleep(1.2)
+        expired = client.get(f"/v1/leases/{lease['id']}")
+        assert expired.status_code == 410
+        assert "expired" in expired.json()["detail"]
+        assert client.post(f"/v1/leases/{lease['id']}/renew", json={}).status_code == 410
+        assert acquire(client, wait_seconds=0.5).status_code == 504
+
+
+def test_ttl_above_the_pool_maximum_is_refused(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(1)
+    with start_gateway().client() as client:
+        refused = acquire(client, ttl_seconds=7200)
+        assert refused.status_code == 422
+        assert "above this pool's maximum of 3600" in refused.json()["detail"]
+
+
+def test_group_acquire_is_all_or_nothing_under_contention(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(5)
+    gateway = start_gateway()
+
+    async def two_groups() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=gateway.url, headers={"Authorization": "Bearer actor-token"}, timeout=30
+        ) as client:
+            return await asyncio.gather(
+                *(
+                    client.post("/v1/leases", json={"pool": "python", "count": 4, "wait_seconds": 2})
+                    for _ in range(2)
+                )
+            )
+
+    responses = asyncio.run(two_groups())
+    assert sorted(r.status_code for r in responses) == [201, 504]
+    winner = next(r for r in responses if r.status_code == 201)
+    assert len(winner.json()["leases"]) == 4
+    leased = [p for p in pool.pods() if p["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_LEASED]
+    assert len(leased) == 4
+    assert sum(p["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_FREE for p in pool.pods()) == 1
+
+
+def test_waiters_are_served_in_order_when_sandboxes_arrive(pool: Pool, start_gateway: GatewayFactory) -> None:
+    gateway = start_gateway()
+
+    async def wait_then_add() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=gateway.url, headers={"Authorization": "Bearer actor-token"}, timeout=60
+        ) as client:
+            waiting = []
+            for episode in range(3):
+                waiting.append(
+                    asyncio.create_task(
+                        client.post(
+                            "/v1/leases",
+                            json={"pool": "python", "labels": {"episode": str(episode)}},
+                        )
+                    )
+                )
+                await asyncio.sleep(0.2)  # arrive in a known order
+            pools = (await client.get("/v1/pools")).json()["pools"]
+            assert next(p for p in pools if p["name"] == "python")["waiting"] == 3
+            await asyncio.to_thread(pool.add_sandboxes, 3)
+            return list(await asyncio.gather(*waiting))
+
+    responses = asyncio.run(wait_then_add())
+    assert [r.status_code for r in responses] == [201, 201, 201]
+    assert [r.json()["queue_position"] for r in responses] == [0, 1, 2]
+
+
+def test_full_queue_is_429_with_retry_after(pool: Pool, start_gateway: GatewayFactory) -> None:
+    gateway = start_gateway(max_waiting=0)
+    with gateway.client() as client:
+        refused = acquire(client, wait_seconds=1)
+        assert refused.status_code == 429
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"] == "queue_full"
+
+
+def test_idempotency_key_returns_the_same_lease(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(3)
+    with start_gateway().client() as client:
+        first = acquire(client, idempotency_key="episode-42")
+        retried = acquire(client, idempotency_key="episode-42")
+        assert first.status_code == retried.status_code == 201
+        assert retried.json()["leases"][0]["id"] == first.json()["leases"][0]["id"]
+        assert len(pool.leases_on_pods()) == 1
+
+
+def test_bulk_release_by_run(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(4)
+    with start_gateway().client() as client:
+        for run in ("a", "a", "b"):
+            assert acquire(client, labels={"run": run}).status_code == 201
+        released = client.post("/v1/runs/a/release").json()
+        assert len(released["released"]) == 2
+        states = Counter(p["metadata"]["labels"][api.LEASE_STATE_LABEL] for p in pool.pods())
+        assert states == {api.LEASE_RELEASED: 2, api.LEASE_LEASED: 1, api.LEASE_FREE: 1}
+
+
+def test_region_preference_is_honoured(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(6)
+    with start_gateway().client() as client:
+        lease = acquire(client, regions=["asia-southeast1"]).json()["leases"][0]
+        assert lease["region"] == "asia-southeast1"
+
+
+def test_bad_requests_get_clear_errors(pool: Pool, start_gateway: GatewayFactory) -> None:
+    gateway = start_gateway()
+    with gateway.client() as client:
+        unknown = acquire(client, pool="nope")
+        assert unknown.status_code == 404
+        assert "no pool named 'nope'" in unknown.json()["detail"]
+        invalid = client.post("/v1/leases", json={"pool": "python", "count": 0})
+        assert invalid.status_code == 422
+        assert "count" in invalid.json()["detail"]
+        assert client.get("/v1/leases/default.nothing").status_code == 404
+        assert client.post("/v1/leases", content=b"{not json").status_code == 422
+
+
+def test_auth_static_tokens(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(1)
+    gateway = start_gateway()
+    with gateway.client(token=None) as anonymous:
+        missing = acquire(anonymous)
+        assert missing.status_code == 401
+        assert missing.headers["WWW-Authenticate"] == "Bearer"
+    with gateway.client(token="wrong") as stranger:
+        assert acquire(stranger).status_code == 401
+    with gateway.client(token="other-token") as other:
+        forbidden = acquire(other)
+        assert forbidden.status_code == 403
+        assert "may not lease from pool 'python'" in forbidden.json()["detail"]
+    with gateway.client() as owner:
+        lease = acquire(owner).json()["leases"][0]
+    with gateway.client(token="other-token") as other:
+        assert other.get(f"/v1/leases/{lease['id']}").status_code == 403
+        assert other.delete(f"/v1/leases/{lease['id']}").status_code == 403
+
+
+def test_auth_kubernetes_tokens_and_rbac(
+    pool: Pool, start_gateway: GatewayFactory, kube: Kubectl, namespace: str
+) -> None:
+    pool.add_sandboxes(1)
+    kube("create", "serviceaccount", "actor")
+    token = kube("create", "token", "actor", "--duration=10m").strip()
+    gateway = start_gateway(auth="kubernetes")
+    with gateway.client(token=token) as client:
+        denied = acquire(client)
+        assert denied.status_code == 403
+        assert "grant the verb `use` on sandboxpools/python" in denied.json()["detail"]
+    # `use` is our own verb, so the Role is written out (kubectl create role only knows API verbs).
+    kube.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "lease-python"},
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "resources": [api.POOL_PLURAL],
+                    "resourceNames": ["python"],
+                    "verbs": ["use"],
+                }
+            ],
+        }
+    )
+    kube(
+        "create", "rolebinding", "actor-leases", "--role=lease-python",
+        f"--serviceaccount={namespace}:actor",
+    )  # fmt: skip
+    # A fresh gateway: the first one cached the denial for its cache window.
+    with start_gateway(auth="kubernetes").client(token=token) as client:
+        granted = acquire(client)
+        assert granted.status_code == 201, granted.text
+        assert granted.json()["leases"][0]["holder"] == f"system:serviceaccount:{namespace}:actor"
+
+
+def test_metrics_follow_the_product_names(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(1)
+    gateway = start_gateway()
+    with gateway.client() as client:
+        assert acquire(client).status_code == 201
+        text = client.get("/metrics").text
+    assert 'sandfleet_lease_acquisitions_total{pool="python",result="warm_hit"} 1.0' in text
+    assert "sandfleet_lease_wait_seconds_bucket" in text
+    assert "sandfleet_leases_active 1.0" in text
+    assert 'sandfleet_gateway_request_duration_seconds_count{method="POST",route="/v1/leases"}' in text
+    assert "sandfleet_build_info" in text
