@@ -165,9 +165,11 @@ class LeaseService:
         now = self.clock()
         position = len(queue.waiters) + 1
         eta_each = eta_per_place(queue.refills.current(now), self.spinup_seconds)
-        admission = admit(len(queue.waiters), self.max_waiting, eta_each / request.count)
-        if not admission.admitted:
-            raise QueueFull(request.pool, admission)
+        # Only a caller who would have to wait is subject to the queue's limit.
+        if queue.waiters or len(self._available(request.pool, queue)) < request.count:
+            admission = admit(len(queue.waiters), self.max_waiting, eta_each / request.count)
+            if not admission.admitted:
+                raise QueueFull(request.pool, admission)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(request, ttl, now, loop.create_future())
         queue.waiters.append(waiter)
@@ -198,10 +200,7 @@ class LeaseService:
         queue = self._queues.get(pool)
         if not queue or not queue.waiters:
             return
-        skip = frozenset(queue.claiming) | {
-            key for key, version in self._stale.items() if self._is_stale(key, version)
-        }
-        available = pick_warm(self.backend.sandboxes(pool), (), skip)
+        available = self._available(pool, queue)
         while queue.waiters and available:
             waiter = queue.waiters[0]
             if waiter.missing > len(available):
@@ -214,6 +213,13 @@ class LeaseService:
             task = asyncio.ensure_future(self._claim_for(queue, waiter, chosen))
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
+
+    def _available(self, pool: str, queue: _PoolQueue) -> list[Sandbox]:
+        """Warm sandboxes nobody is claiming and no claim has just lost a race on."""
+        skip = frozenset(queue.claiming) | {
+            key for key, version in list(self._stale.items()) if self._is_stale(key, version)
+        }
+        return pick_warm(self.backend.sandboxes(pool), (), skip)
 
     async def _claim_for(self, queue: _PoolQueue, waiter: _Waiter, chosen: list[Sandbox]) -> None:
         started = time.monotonic()

@@ -1,0 +1,161 @@
+"""Client commands: lease, exec, release, pools, leases (gateway from --url / SANDFLEET_URL)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sandfleet.cli import app
+
+URL = Annotated[str | None, typer.Option("--url", envvar="SANDFLEET_URL", help="Gateway URL.")]
+TOKEN = Annotated[str | None, typer.Option("--token", envvar="SANDFLEET_TOKEN", help="Bearer token.")]
+AS_JSON = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+console = Console(stderr=True)
+
+
+def _fleet(url: str | None, token: str | None) -> Any:
+    from sandfleet.client import Fleet
+
+    return Fleet(url=url, token=token)
+
+
+def _fail(error: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {error}")
+    return typer.Exit(1)
+
+
+def _run(action: Any) -> Any:
+    """Run a client action; gateway errors become one readable line and exit code 1."""
+    import httpx
+
+    from sandfleet.client import SandfleetError
+
+    try:
+        return action()
+    except SandfleetError as error:
+        raise _fail(error) from None
+    except httpx.TransportError as error:
+        raise _fail(RuntimeError(f"cannot reach the gateway ({error}); is it running? set --url")) from None
+
+
+@app.command()
+def lease(
+    pool: Annotated[str, typer.Argument(help="Pool to lease from.")],
+    count: Annotated[int, typer.Option(help="Sandboxes at once (all or nothing).")] = 1,
+    ttl: Annotated[int | None, typer.Option(help="Lease TTL in seconds.")] = None,
+    run: Annotated[str | None, typer.Option(help="Run label (for bulk release).")] = None,
+    region: Annotated[list[str], typer.Option(help="Preferred region (repeatable).")] = [],  # noqa: B006
+    wait: Annotated[float, typer.Option(help="Seconds to wait in the queue.")] = 30.0,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Lease sandboxes and print their lease ids."""
+    labels = {"run": run} if run else {}
+    with _fleet(url, token) as fleet, console.status(f"waiting for a sandbox from {pool}..."):
+        leases = _run(
+            lambda: fleet.acquire(
+                pool, count=count, ttl_seconds=ttl, labels=labels, regions=region, wait_seconds=wait
+            )
+        )
+    if as_json:
+        typer.echo(json.dumps([lease.__dict__ for lease in leases]))
+        return
+    for item in leases:
+        typer.echo(item.id)
+    console.print(f"leased {len(leases)} in {leases[0].timings.get('total_ms', 0):.1f} ms")
+
+
+@app.command("exec")
+def exec_(
+    lease_id: Annotated[str, typer.Argument(help="Lease id.")],
+    command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
+    shell: Annotated[bool, typer.Option(help="Run the words as one shell command.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Kill after this many seconds.")] = None,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Run a command in a leased sandbox; exits with its exit code."""
+    from sandfleet.client import Lease, Sandbox
+
+    with _fleet(url, token) as fleet:
+        sandbox = Sandbox(fleet, Lease(lease_id, "", "", "", 0.0, {}, None))
+        words: list[str] | str = " ".join(command) if shell else command
+        result = _run(lambda: sandbox.exec(words, timeout_s=timeout))
+    if as_json:
+        typer.echo(json.dumps(result.raw))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+    raise typer.Exit(result.exit_code if result.exit_code is not None else 124)
+
+
+@app.command()
+def release(
+    lease_ids: Annotated[list[str], typer.Argument(help="Lease ids.")] = [],  # noqa: B006
+    run: Annotated[str | None, typer.Option(help="Release every lease of this run.")] = None,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Release leases (idempotent), or every lease of a run."""
+    if not lease_ids and not run:
+        raise typer.BadParameter("give lease ids or --run")
+    with _fleet(url, token) as fleet:
+        released = {lease_id: _run(lambda i=lease_id: fleet.release(i)) for lease_id in lease_ids}
+        if run:
+            released.update(dict.fromkeys(_run(lambda: fleet.release_run(run)), True))
+    if as_json:
+        typer.echo(json.dumps(released))
+    else:
+        for lease_id, done in released.items():
+            typer.echo(f"{lease_id}\t{'released' if done else 'already ended'}")
+
+
+@app.command()
+def pools(url: URL = None, token: TOKEN = None, as_json: AS_JSON = False) -> None:
+    """List pools with their warm, leased and waiting counts."""
+    with _fleet(url, token) as fleet:
+        found = _run(fleet.pools)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    table = Table("POOL", "WARM", "LEASED", "WAITING", "REGIONS", "IMAGE")
+    for pool in found:
+        table.add_row(
+            pool["name"], str(pool["warm"]), str(pool["leased"]), str(pool["waiting"]),
+            ",".join(pool["regions"]), pool["image"],
+        )  # fmt: skip
+    Console().print(table)
+
+
+@app.command()
+def leases(
+    pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+    run: Annotated[str | None, typer.Option(help="Only this run.")] = None,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """List your live leases."""
+    with _fleet(url, token) as fleet:
+        found = _run(lambda: fleet.leases(pool=pool, run=run))
+    if as_json:
+        typer.echo(json.dumps([item.__dict__ for item in found]))
+        return
+    table = Table("LEASE", "POOL", "REGION", "RUN", "EXPIRES IN")
+    import time
+
+    for item in found:
+        table.add_row(
+            item.id, item.pool, item.region, item.labels.get("run", ""),
+            f"{item.expires_at - time.time():.0f}s",
+        )  # fmt: skip
+    Console().print(table)

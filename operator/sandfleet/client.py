@@ -1,0 +1,484 @@
+"""The typed Python client, async and sync: lease sandboxes, run commands, move files, evaluate.
+
+    async with AsyncFleet() as fleet:                      # SANDFLEET_URL, SANDFLEET_TOKEN
+        async with fleet.lease(pool="python", labels={"run": "r1"}) as sb:
+            result = await sb.exec(["python", "-c", "print(6 * 7)"])
+
+Both clients build the same calls (`_Call`) and differ only in how they send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class SandfleetError(Exception):
+    """An error the gateway answered with; `code` is stable, `detail` says what to do."""
+
+    def __init__(self, status: int, code: str, detail: str, body: dict[str, Any] | None = None):
+        super().__init__(f"{detail} (HTTP {status}, {code})")
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.body = body or {}
+
+
+class Unauthorized(SandfleetError):
+    """401: no or unknown token (set SANDFLEET_TOKEN or pass token=)."""
+
+
+class Forbidden(SandfleetError):
+    """403: the caller may not use this pool or lease."""
+
+
+class NotFound(SandfleetError):
+    """404: no such pool or lease."""
+
+
+class LeaseEnded(SandfleetError):
+    """410: the lease was released or expired; its sandbox is gone."""
+
+
+class QueueFull(SandfleetError):
+    """429: the pool's queue is full; `retry_after` says when to come back."""
+
+    @property
+    def retry_after(self) -> int:
+        return int(self.body.get("retry_after_seconds", 1))
+
+
+class NoSandboxInTime(SandfleetError):
+    """504: no warm sandbox within the wait; the body has the queue position and ETA."""
+
+
+class SandboxLost(SandfleetError):
+    """502: the sandbox's agent stopped answering."""
+
+
+class Unavailable(SandfleetError):
+    """503: the gateway or its Kubernetes API is briefly unavailable; safe to retry."""
+
+
+_ERRORS: dict[int, type[SandfleetError]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    410: LeaseEnded,
+    429: QueueFull,
+    502: SandboxLost,
+    503: Unavailable,
+    504: NoSandboxInTime,
+}
+RETRYABLE = (Unavailable,)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as the gateway returned it."""
+
+    id: str
+    pool: str
+    sandbox: str
+    region: str
+    expires_at: float
+    labels: dict[str, str]
+    policy_version: int | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, data: dict[str, Any], timings: dict[str, float] | None = None) -> Lease:
+        return cls(
+            id=data["id"],
+            pool=data["pool"],
+            sandbox=data["sandbox"],
+            region=data["region"],
+            expires_at=data["expires_at"],
+            labels=data.get("labels", {}),
+            policy_version=data.get("policy_version"),
+            timings=timings or {},
+        )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command in a sandbox."""
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> ExecResult:
+        return cls(
+            exit_code=data.get("exit_code"),
+            stdout=data.get("stdout", ""),
+            stderr=data.get("stderr", ""),
+            timed_out=bool(data.get("timed_out")),
+            duration_s=float(data.get("duration_s", 0.0)),
+            stdout_truncated=bool(data.get("stdout_truncated")),
+            stderr_truncated=bool(data.get("stderr_truncated")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One HTTP call, independent of sync or async sending."""
+
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, Any] | None = None
+    content: bytes | None = None
+    retry: bool = False  # only calls that are safe to repeat
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"error": "http_error", "detail": response.text[:500]}
+    kind = _ERRORS.get(response.status_code, SandfleetError)
+    raise kind(
+        response.status_code,
+        str(body.get("error", "error")),
+        str(body.get("detail", body)),
+        body if isinstance(body, dict) else None,
+    )
+
+
+def _acquire_call(
+    pool: str,
+    count: int,
+    regions: Sequence[str],
+    ttl_seconds: int | None,
+    labels: dict[str, str] | None,
+    policy_version: int | None,
+    wait_seconds: float,
+    idempotency_key: str | None,
+) -> _Call:
+    body: dict[str, Any] = {
+        "pool": pool,
+        "count": count,
+        "regions": list(regions),
+        "labels": labels or {},
+        "wait_seconds": wait_seconds,
+        # A key per call makes retrying the POST safe: the gateway returns the same leases.
+        "idempotency_key": idempotency_key or uuid.uuid4().hex,
+    }
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    if policy_version is not None:
+        body["policy_version"] = policy_version
+    return _Call("POST", "/v1/leases", json=body, retry=True)
+
+
+def _leases_from(data: dict[str, Any]) -> list[Lease]:
+    return [Lease.of(item, data.get("timings")) for item in data["leases"]]
+
+
+def _exec_body(
+    command: Sequence[str] | str,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    stdin: str | None,
+    timeout_s: float | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"shell": command} if isinstance(command, str) else {"argv": list(command)}
+    if env:
+        body["env"] = env
+    if cwd:
+        body["cwd"] = cwd
+    if stdin is not None:
+        body["stdin"] = stdin
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    return body
+
+
+def _settings(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
+    url = url or os.environ.get("SANDFLEET_URL", DEFAULT_URL)
+    token = token or os.environ.get("SANDFLEET_TOKEN")
+    return url.rstrip("/"), ({"Authorization": f"Bearer {token}"} if token else {})
+
+
+# -- async ------------------------------------------------------------------------------------
+
+
+class AsyncFleet:
+    """Async client for one gateway."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 660.0,
+        retries: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        base, headers = _settings(url, token)
+        self.retries = retries
+        self.http = httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout, transport=transport)
+
+    async def __aenter__(self) -> AsyncFleet:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.http.aclose()
+
+    async def call(self, call: _Call) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = await self.http.request(
+                    call.method, call.path, json=call.json, params=call.params, content=call.content
+                )
+                _raise_for(response)
+                return response
+            except (httpx.TransportError, *RETRYABLE):
+                attempt += 1
+                if not call.retry or attempt > self.retries:
+                    raise
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+
+    async def acquire(
+        self,
+        pool: str,
+        count: int = 1,
+        regions: Sequence[str] = (),
+        ttl_seconds: int | None = None,
+        labels: dict[str, str] | None = None,
+        policy_version: int | None = None,
+        wait_seconds: float = 30.0,
+        idempotency_key: str | None = None,
+    ) -> list[Lease]:
+        call = _acquire_call(
+            pool, count, regions, ttl_seconds, labels, policy_version, wait_seconds, idempotency_key
+        )
+        return _leases_from((await self.call(call)).json())
+
+    @asynccontextmanager
+    async def lease(self, pool: str, **options: Any) -> AsyncIterator[AsyncSandbox]:
+        """One sandbox for one episode; released on exit, whatever happened inside."""
+        (lease,) = await self.acquire(pool, count=1, **options)
+        try:
+            yield AsyncSandbox(self, lease)
+        finally:
+            await self.release(lease.id)
+
+    @asynccontextmanager
+    async def group(self, pool: str, count: int, **options: Any) -> AsyncIterator[list[AsyncSandbox]]:
+        """`count` sandboxes at once, all or nothing (a GRPO group); released on exit."""
+        leases = await self.acquire(pool, count=count, **options)
+        try:
+            yield [AsyncSandbox(self, lease) for lease in leases]
+        finally:
+            await asyncio.gather(*(self.release(lease.id) for lease in leases))
+
+    async def release(self, lease_id: str) -> bool:
+        response = await self.call(_Call("DELETE", f"/v1/leases/{lease_id}", retry=True))
+        return bool(response.json()["released"])
+
+    async def release_run(self, run: str) -> list[str]:
+        response = await self.call(_Call("POST", f"/v1/runs/{run}/release", retry=True))
+        return list(response.json()["released"])
+
+    async def renew(self, lease_id: str, ttl_seconds: int | None = None) -> Lease:
+        body = {"ttl_seconds": ttl_seconds} if ttl_seconds else {}
+        response = await self.call(_Call("POST", f"/v1/leases/{lease_id}/renew", json=body, retry=True))
+        return Lease.of(response.json()["lease"])
+
+    async def leases(self, pool: str | None = None, run: str | None = None) -> list[Lease]:
+        params = {k: v for k, v in {"pool": pool, "run": run}.items() if v}
+        response = await self.call(_Call("GET", "/v1/leases", params=params, retry=True))
+        return [Lease.of(item) for item in response.json()["leases"]]
+
+    async def pools(self) -> list[dict[str, Any]]:
+        response = await self.call(_Call("GET", "/v1/pools", retry=True))
+        return list(response.json()["pools"])
+
+
+class AsyncSandbox:
+    """A leased sandbox: everything goes through the gateway."""
+
+    def __init__(self, fleet: AsyncFleet, lease: Lease) -> None:
+        self.fleet = fleet
+        self.lease = lease
+        self._base = f"/v1/leases/{lease.id}"
+
+    async def exec(
+        self,
+        command: Sequence[str] | str,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        body = _exec_body(command, env, cwd, stdin, timeout_s)
+        response = await self.fleet.call(_Call("POST", f"{self._base}/exec", json=body))
+        return ExecResult.of(response.json())
+
+    async def read_file(self, path: str) -> bytes:
+        call = _Call("GET", f"{self._base}/files", params={"path": path}, retry=True)
+        return (await self.fleet.call(call)).content
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        content = data.encode() if isinstance(data, str) else data
+        call = _Call("PUT", f"{self._base}/files", params={"path": path}, content=content, retry=True)
+        await self.fleet.call(call)
+
+    async def list_files(self, path: str = ".") -> dict[str, Any]:
+        call = _Call("GET", f"{self._base}/files/list", params={"path": path}, retry=True)
+        return dict((await self.fleet.call(call)).json())
+
+    async def evaluate(self, **body: Any) -> dict[str, Any]:
+        call = _Call("POST", f"{self._base}/evaluate", json=body)
+        return dict((await self.fleet.call(call)).json())
+
+    async def renew(self, ttl_seconds: int | None = None) -> Lease:
+        self.lease = await self.fleet.renew(self.lease.id, ttl_seconds)
+        return self.lease
+
+    async def release(self) -> bool:
+        return await self.fleet.release(self.lease.id)
+
+
+# -- sync ---------------------------------------------------------------------------------------
+
+
+class Fleet:
+    """Blocking client for one gateway, with the same calls as AsyncFleet."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 660.0,
+        retries: int = 3,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        base, headers = _settings(url, token)
+        self.retries = retries
+        self.http = httpx.Client(base_url=base, headers=headers, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.http.close()
+
+    def call(self, call: _Call) -> httpx.Response:
+        attempt = 0
+        while True:
+            try:
+                response = self.http.request(
+                    call.method, call.path, json=call.json, params=call.params, content=call.content
+                )
+                _raise_for(response)
+                return response
+            except (httpx.TransportError, *RETRYABLE):
+                attempt += 1
+                if not call.retry or attempt > self.retries:
+                    raise
+                time.sleep(min(0.2 * 2**attempt, 2.0))
+
+    def acquire(
+        self,
+        pool: str,
+        count: int = 1,
+        regions: Sequence[str] = (),
+        ttl_seconds: int | None = None,
+        labels: dict[str, str] | None = None,
+        policy_version: int | None = None,
+        wait_seconds: float = 30.0,
+        idempotency_key: str | None = None,
+    ) -> list[Lease]:
+        call = _acquire_call(
+            pool, count, regions, ttl_seconds, labels, policy_version, wait_seconds, idempotency_key
+        )
+        return _leases_from(self.call(call).json())
+
+    @contextmanager
+    def lease(self, pool: str, **options: Any) -> Iterator[Sandbox]:
+        (lease,) = self.acquire(pool, count=1, **options)
+        try:
+            yield Sandbox(self, lease)
+        finally:
+            self.release(lease.id)
+
+    def release(self, lease_id: str) -> bool:
+        return bool(self.call(_Call("DELETE", f"/v1/leases/{lease_id}", retry=True)).json()["released"])
+
+    def release_run(self, run: str) -> list[str]:
+        return list(self.call(_Call("POST", f"/v1/runs/{run}/release", retry=True)).json()["released"])
+
+    def renew(self, lease_id: str, ttl_seconds: int | None = None) -> Lease:
+        body = {"ttl_seconds": ttl_seconds} if ttl_seconds else {}
+        response = self.call(_Call("POST", f"/v1/leases/{lease_id}/renew", json=body, retry=True))
+        return Lease.of(response.json()["lease"])
+
+    def leases(self, pool: str | None = None, run: str | None = None) -> list[Lease]:
+        params = {k: v for k, v in {"pool": pool, "run": run}.items() if v}
+        response = self.call(_Call("GET", "/v1/leases", params=params, retry=True))
+        return [Lease.of(item) for item in response.json()["leases"]]
+
+    def pools(self) -> list[dict[str, Any]]:
+        return list(self.call(_Call("GET", "/v1/pools", retry=True)).json()["pools"])
+
+
+class Sandbox:
+    """A leased sandbox (blocking calls)."""
+
+    def __init__(self, fleet: Fleet, lease: Lease) -> None:
+        self.fleet = fleet
+        self.lease = lease
+        self._base = f"/v1/leases/{lease.id}"
+
+    def exec(
+        self,
+        command: Sequence[str] | str,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecResult:
+        body = _exec_body(command, env, cwd, stdin, timeout_s)
+        return ExecResult.of(self.fleet.call(_Call("POST", f"{self._base}/exec", json=body)).json())
+
+    def read_file(self, path: str) -> bytes:
+        call = _Call("GET", f"{self._base}/files", params={"path": path}, retry=True)
+        return self.fleet.call(call).content
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        content = data.encode() if isinstance(data, str) else data
+        self.fleet.call(
+            _Call("PUT", f"{self._base}/files", params={"path": path}, content=content, retry=True)
+        )
+
+    def evaluate(self, **body: Any) -> dict[str, Any]:
+        return dict(self.fleet.call(_Call("POST", f"{self._base}/evaluate", json=body)).json())
+
+    def release(self) -> bool:
+        return self.fleet.release(self.lease.id)

@@ -1,0 +1,176 @@
+"""The lease service's queue, races and all-or-nothing groups, over an in-memory conditional store."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from sandfleet.core import api
+from sandfleet.core.leases import Lease
+from sandfleet.core.sandboxes import Sandbox
+from sandfleet.gateway.backend import PoolInfo
+from sandfleet.gateway.leasing import Gone, LeaseRequest, LeaseService, QueueFull, WaitTimeout
+
+POOL = PoolInfo("ns", "python", 60, 600, ("us-east1", "europe-west4"), "img")
+
+
+class MemoryBackend:
+    """Conditional writes on resource versions, like the apiserver; `steal` simulates rivals."""
+
+    def __init__(self, steal_probability: float = 0.0, seed: int = 0) -> None:
+        self.items: dict[str, Sandbox] = {}
+        self.listeners: list[Callable[[Sandbox], None]] = []
+        self.version = 0
+        self.random = random.Random(seed)
+        self.steal_probability = steal_probability
+        self.stolen: set[str] = set()
+
+    def add(self, name: str, region: str = "us-east1") -> None:
+        self.version += 1
+        sandbox = Sandbox("ns", name, "python", region, str(self.version), api.LEASE_FREE,
+                          True, False, "127.0.0.1", 1, None)  # fmt: skip
+        self.items[sandbox.key] = sandbox
+        for listener in self.listeners:
+            listener(sandbox)
+
+    def pool(self, name: str) -> PoolInfo | None:
+        return POOL if name == "python" else None
+
+    def pools(self) -> list[PoolInfo]:
+        return [POOL]
+
+    def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
+        return list(self.items.values())
+
+    def sandbox(self, lease_id: str) -> Sandbox | None:
+        return self.items.get(lease_id)
+
+    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+        self.listeners.append(on_change)
+
+    async def _write(self, sandbox: Sandbox, state: str, lease: Lease | None) -> Sandbox | None:
+        await asyncio.sleep(self.random.random() / 1000)
+        current = self.items.get(sandbox.key)
+        if current is None or current.resource_version != sandbox.resource_version:
+            return None
+        if state == api.LEASE_LEASED and self.random.random() < self.steal_probability:
+            self.version += 1  # a rival gateway got there first
+            self.items[sandbox.key] = replace(current, state=api.LEASE_LEASED,
+                                              resource_version=str(self.version))  # fmt: skip
+            self.stolen.add(sandbox.key)
+            return None
+        self.version += 1
+        updated = replace(current, state=state, lease=lease, resource_version=str(self.version))
+        self.items[sandbox.key] = updated
+        return updated
+
+    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+        return await self._write(sandbox, api.LEASE_LEASED, lease)
+
+    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+        return await self._write(sandbox, api.LEASE_LEASED, lease)
+
+    async def release(self, sandbox: Sandbox) -> None:
+        current = self.items[sandbox.key]
+        await self._write(current, api.LEASE_RELEASED, current.lease)
+
+    async def fresh(self, lease_id: str) -> Sandbox | None:
+        return self.items.get(lease_id)
+
+
+def request(**overrides: object) -> LeaseRequest:
+    fields: dict[str, object] = {"pool": "python", "holder": "actor", "wait_seconds": 2.0}
+    fields.update(overrides)
+    return LeaseRequest(**fields)  # type: ignore[arg-type]
+
+
+async def test_racing_claims_never_lease_a_sandbox_twice() -> None:
+    backend = MemoryBackend(steal_probability=0.3, seed=7)
+    for i in range(60):
+        backend.add(f"s{i}")
+    service = LeaseService(backend)
+    results = await asyncio.gather(
+        *(service.acquire(request(wait_seconds=0.5)) for _ in range(80)), return_exceptions=True
+    )
+    granted = [lease for r in results if not isinstance(r, BaseException) for lease, _ in r.leases]
+    assert len({lease.id for lease in granted}) == len(granted)
+    assert not {lease.id for lease in granted} & backend.stolen
+    assert len(granted) + len(backend.stolen) == 60
+    assert all(isinstance(r, WaitTimeout) for r in results if isinstance(r, BaseException))
+
+
+async def test_waiters_are_served_first_come_first_served() -> None:
+    backend = MemoryBackend()
+    service = LeaseService(backend)
+    waiters = []
+    for episode in range(3):
+        waiters.append(asyncio.create_task(service.acquire(request(labels={"e": str(episode)}))))
+        await asyncio.sleep(0.01)
+    assert service.waiting("python") == 3
+    for i in range(3):
+        backend.add(f"s{i}")
+        await asyncio.sleep(0.01)
+    results = await asyncio.gather(*waiters)
+    served = [r.leases[0][0] for r in results]
+    assert [lease.id for lease in served] == ["ns.s0", "ns.s1", "ns.s2"]
+    assert [r.position for r in results] == [0, 1, 2]
+
+
+async def test_a_group_is_all_or_nothing_and_is_not_overtaken() -> None:
+    backend = MemoryBackend()
+    backend.add("s0")
+    service = LeaseService(backend)
+    group = asyncio.create_task(service.acquire(request(count=3, wait_seconds=0.3)))
+    await asyncio.sleep(0.01)
+    single = asyncio.create_task(service.acquire(request(wait_seconds=0.1)))
+    with pytest.raises(WaitTimeout):
+        await single  # strict FIFO: the single waits behind the group even though s0 is free
+    with pytest.raises(WaitTimeout):
+        await group
+    assert backend.items["ns.s0"].state == api.LEASE_FREE
+
+
+async def test_queue_full_and_preferred_region() -> None:
+    backend = MemoryBackend()
+    backend.add("a", "us-east1")
+    backend.add("b", "europe-west4")
+    service = LeaseService(backend, max_waiting=0)
+    granted = await service.acquire(request(regions=("europe-west4",)))
+    assert granted.leases[0][1].region == "europe-west4"
+    await service.acquire(request())
+    with pytest.raises(QueueFull):
+        await service.acquire(request())
+
+
+async def test_expired_and_released_leases_are_gone() -> None:
+    backend = MemoryBackend()
+    backend.add("s0")
+    backend.add("s1")
+    clock = [1000.0]
+    service = LeaseService(backend, clock=lambda: clock[0])
+    ((first, _),) = (await service.acquire(request(ttl_seconds=10))).leases
+    ((second, _),) = (await service.acquire(request())).leases
+    clock[0] += 11
+    with pytest.raises(Gone, match="expired"):
+        await service.current(first.id)
+    assert await service.release(second.id, "actor") is True
+    assert await service.release(second.id, "actor") is False
+    with pytest.raises(Gone, match="released"):
+        await service.current(second.id)
+
+
+async def test_idempotency_key_gives_the_same_lease_to_concurrent_retries() -> None:
+    backend = MemoryBackend()
+    for i in range(3):
+        backend.add(f"s{i}")
+    service = LeaseService(backend)
+    a, b = await asyncio.gather(
+        service.acquire(request(idempotency_key="k")), service.acquire(request(idempotency_key="k"))
+    )
+    later = await service.acquire(request(idempotency_key="k"))
+    assert a.leases[0][0].id == b.leases[0][0].id == later.leases[0][0].id
+    assert sum(s.state == api.LEASE_LEASED for s in backend.items.values()) == 1
