@@ -70,6 +70,7 @@ def _problem(status: int, error: str, detail: str, **extra: Any) -> JSONResponse
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "description": text}
     for code, text in {
+        400: "The body is not valid JSON, or the sandbox's agent refused the request.",
         401: "No or unknown bearer token.",
         403: "The caller may not use this pool or lease.",
         404: "No such pool or lease.",
@@ -335,13 +336,24 @@ def create_app(runtime: Runtime) -> FastAPI:
     ]
 
     def proxied(agent_path: str, stream: bool) -> Callable[..., Awaitable[Response]]:
+        if "{job}" in agent_path:
+
+            async def job_route(request: Request, lease_id: str, job: str, who: Authed) -> Response:
+                return await forward(request, lease_id, who, agent_path.format(job=job), stream)
+
+            return job_route
+
         async def route(request: Request, lease_id: str, who: Authed) -> Response:
-            path = agent_path.format(**request.path_params)
-            return await forward(request, lease_id, who, path, stream)
+            return await forward(request, lease_id, who, agent_path, stream)
 
         return route
 
+    bodies = {
+        "POST": {"application/json": {"schema": {"type": "object"}}},
+        "PUT": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
     for method, suffix, agent_path, stream, summary in data_plane:
+        body = bodies.get(method)
         app.add_api_route(
             f"/v1/leases/{{lease_id}}{suffix}",
             proxied(agent_path, stream),
@@ -350,5 +362,6 @@ def create_app(runtime: Runtime) -> FastAPI:
             tags=["sandbox"],
             response_class=Response,
             responses={200: {"description": "The agent's own response, passed through."}},
+            openapi_extra={"requestBody": {"content": body}} if body else None,
         )
     return app

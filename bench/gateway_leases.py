@@ -1,0 +1,309 @@
+"""Benchmark: leases through the gateway on the local cluster (burst, sustained, first exec, CPU).
+
+Prints progress, then one JSON object as its last line. Sandbox Pods are created the way the
+operator creates them (the operator's own fill rate is bench/pool_fill.py's business); their
+readiness comes from kwok, and exec goes to a real agent on loopback.
+
+    .venv/bin/python bench/gateway_leases.py            # full: 300-lease burst, 3,000 cycles
+    .venv/bin/python bench/gateway_leases.py --short    # CI: 100-lease burst, 400 cycles
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+
+from localcluster import build  # noqa: E402
+from localcluster.cluster import LocalCluster, Topology  # noqa: E402
+from sandfleet.core import api  # noqa: E402
+
+TOKEN = "bench-token"
+
+
+def log(message: str) -> None:
+    print(f"[bench gateway] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Bench:
+    def __init__(self, workdir: Path) -> None:
+        self.cluster = LocalCluster()
+        self.workdir = workdir
+        self.namespace = f"bench-{uuid.uuid4().hex[:8]}"
+        self.kubeconfig = self.cluster.kubeconfig
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        result = subprocess.run(
+            [str(build.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "-n", self.namespace, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def setup(self) -> None:
+        log("starting (or reusing) the local cluster")
+        self.cluster.up(Topology())
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
+        subprocess.run(
+            [str(build.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "create", "ns", self.namespace],
+            check=True,
+            capture_output=True,
+        )
+        pool = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.POOL_KIND,
+            "metadata": {"name": "bench"},
+            "spec": {
+                "regions": [{"name": "us-east1"}, {"name": "europe-west4"}, {"name": "asia-southeast1"}],
+                "template": {"image": "sandfleet/sandbox:bench"},
+            },
+        }
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(pool))
+
+    def add_sandboxes(self, count: int, prefix: str, port: int = 8000) -> None:
+        regions = ("us-east1", "europe-west4", "asia-southeast1")
+        started = time.monotonic()
+        for first in range(0, count, 250):
+            pods = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{prefix}-{i:05d}",
+                        "labels": {
+                            api.POOL_LABEL: "bench",
+                            api.SANDBOX_REGION_LABEL: regions[i % 3],
+                            api.LEASE_STATE_LABEL: api.LEASE_FREE,
+                        },
+                    },
+                    "spec": {
+                        "nodeSelector": {api.REGION_LABEL: regions[i % 3]},
+                        "containers": [
+                            {
+                                "name": api.SANDBOX_CONTAINER,
+                                "image": "sandfleet/sandbox:bench",
+                                "ports": [{"containerPort": port}],
+                            }
+                        ],
+                    },
+                }
+                for i in range(first, min(first + 250, count))
+            ]
+            self.kubectl(
+                "create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods})
+            )
+        while True:
+            ready = self.kubectl(
+                "get", "pods", "-l", f"{api.POOL_LABEL}=bench", "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
+            )  # fmt: skip
+            lines = ready.splitlines()
+            done = sum(1 for line in lines if line.startswith(prefix) and line.endswith("True"))
+            if done >= count:
+                break
+            log(f"{done}/{count} sandbox Pods ready")
+            time.sleep(1)
+        log(f"{count} sandbox Pods ready in {time.monotonic() - started:.1f}s")
+
+    def start_gateway(self) -> tuple[str, int]:
+        tokens = self.workdir / "tokens"
+        tokens.write_text(f"{TOKEN} bench\n")
+        port = free_port()
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        argv = [
+            sys.executable, "-m", "sandfleet.cli", "gateway", "--host", "127.0.0.1",
+            "--port", str(port), "--namespace", self.namespace, "--auth", "static",
+            "--token-file", str(tokens), "--max-waiting", "100000",
+        ]  # fmt: skip
+        process = subprocess.Popen(argv, env=env, stderr=(self.workdir / "gateway.log").open("wb"))
+        self.processes.append(process)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    return url, process.pid
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise SystemExit(f"gateway not ready: {(self.workdir / 'gateway.log').read_text()[-2000:]}")
+
+    def start_agent(self) -> int:
+        port = free_port()
+        root = self.workdir / "workspace"
+        root.mkdir(exist_ok=True)
+        argv = [
+            sys.executable, "-m", "sandfleet_agent", "--host", "127.0.0.1", "--port", str(port),
+            "--root", str(root), "--logs-dir", str(self.workdir / "agent-logs"),
+        ]  # fmt: skip
+        self.processes.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
+        return port
+
+    def point_at_loopback(self, names: list[str]) -> None:
+        status = json.dumps({"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+        for name in names:
+            self.kubectl("patch", "pod", name, "--subresource=status", "--type=merge", "-p", status)
+
+    def teardown(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=15)
+        subprocess.run(
+            [
+                str(build.binary("kubectl")),
+                f"--kubeconfig={self.kubeconfig}",
+                "delete",
+                "ns",
+                self.namespace,
+                "--wait=false",
+            ],
+            capture_output=True,
+        )
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def burst(url: str, count: int) -> list[float]:
+    """`count` acquires fired at once; each one's client-side latency in ms."""
+    async with httpx.AsyncClient(
+        base_url=url,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+        limits=httpx.Limits(max_connections=count, max_keepalive_connections=count),
+    ) as client:
+        await asyncio.gather(*(client.get("/healthz") for _ in range(min(count, 100))))  # open connections
+
+        async def one() -> float:
+            started = time.perf_counter()
+            response = await client.post("/v1/leases", json={"pool": "bench", "wait_seconds": 30})
+            elapsed = (time.perf_counter() - started) * 1000
+            if response.status_code != 201:
+                raise SystemExit(f"acquire failed: {response.status_code} {response.text}")
+            return elapsed
+
+        return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+async def cycles(url: str, total: int, concurrency: int) -> float:
+    """Lease+release cycles per second with `concurrency` workers, `total` cycles in all."""
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60,
+        limits=httpx.Limits(max_connections=concurrency),
+    ) as client:  # fmt: skip
+        remaining = [total]
+
+        async def worker() -> None:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                response = await client.post("/v1/leases", json={"pool": "bench", "wait_seconds": 30})
+                lease_id = response.json()["leases"][0]["id"]
+                await client.delete(f"/v1/leases/{lease_id}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - started)
+
+
+async def first_exec(url: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Acquire -> first exec `true` (ms), and then exec `true` round trips (ms)."""
+    firsts, execs = [], []
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
+    ) as client:
+        for _ in range(rounds):
+            started = time.perf_counter()
+            response = await client.post("/v1/leases", json={"pool": "bench"})
+            if response.status_code != 201:
+                raise SystemExit(f"acquire failed: {response.status_code} {response.text}")
+            lease_id = response.json()["leases"][0]["id"]
+            result = await client.post(f"/v1/leases/{lease_id}/exec", json={"argv": ["true"]})
+            firsts.append((time.perf_counter() - started) * 1000)
+            if result.status_code != 200 or result.json()["exit_code"] != 0:
+                raise SystemExit(f"exec failed: {result.status_code} {result.text}")
+            for _ in range(20):
+                t = time.perf_counter()
+                await client.post(f"/v1/leases/{lease_id}/exec", json={"argv": ["true"]})
+                execs.append((time.perf_counter() - t) * 1000)
+            await client.delete(f"/v1/leases/{lease_id}")
+    return firsts, execs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="small sizes for CI")
+    args = parser.parse_args()
+    burst_size, cycle_count, exec_rounds = (100, 400, 5) if args.short else (300, 3000, 20)
+    # A SIGTERM (CI timeout, ^C from a wrapper) still runs the teardown below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp))
+        try:
+            bench.setup()
+            agent_port = bench.start_agent()
+            bench.add_sandboxes(burst_size, "burst")
+            bench.add_sandboxes(cycle_count, "cycle")
+            bench.add_sandboxes(exec_rounds, "exec", port=agent_port)
+            bench.point_at_loopback([f"exec-{i:05d}" for i in range(exec_rounds)])
+            url, pid = bench.start_gateway()
+            log(f"burst of {burst_size} concurrent acquires")
+            cpu_before = cpu_seconds(pid)
+            latencies = asyncio.run(burst(url, burst_size))
+            cpu_per_lease = (cpu_seconds(pid) - cpu_before) / burst_size * 1000
+            log(f"{cycle_count} lease+release cycles, 32 at a time")
+            rate = asyncio.run(cycles(url, cycle_count, 32))
+            # The exec sandboxes carry the loopback agent; only they are left warm by now.
+            log(f"{exec_rounds} x (lease -> first exec), 20 execs each")
+            firsts, execs = asyncio.run(first_exec(url, exec_rounds))
+        finally:
+            bench.teardown()
+    result = {
+        "warm_lease_burst_size": burst_size,
+        "warm_lease_burst_p50_ms": round(statistics.median(latencies), 2),
+        "warm_lease_burst_p99_ms": round(percentile(latencies, 99), 2),
+        "lease_release_cycles_per_s": round(rate, 1),
+        "first_exec_from_warm_lease_p50_ms": round(statistics.median(firsts), 2),
+        "exec_true_via_gateway_p50_ms": round(statistics.median(execs), 2),
+        "exec_true_via_gateway_p99_ms": round(percentile(execs, 99), 2),
+        "gateway_cpu_ms_per_lease": round(cpu_per_lease, 3),
+        "agent": "host process on loopback (not gVisor)",
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
