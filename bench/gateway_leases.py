@@ -34,6 +34,10 @@ from localcluster.cluster import LocalCluster, Topology  # noqa: E402
 from sandfleet.core import api  # noqa: E402
 
 TOKEN = "bench-token"
+READY_JSONPATH = (
+    "jsonpath={range .items[*]}{.metadata.name} "
+    "{.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}"
+)
 
 
 def log(message: str) -> None:
@@ -125,10 +129,7 @@ class Bench:
                 "create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods})
             )
         while True:
-            ready = self.kubectl(
-                "get", "pods", "-l", f"{api.POOL_LABEL}=bench", "-o",
-                "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}",
-            )  # fmt: skip
+            ready = self.kubectl("get", "pods", "-l", f"{api.POOL_LABEL}=bench", "-o", READY_JSONPATH)
             lines = ready.splitlines()
             done = sum(1 for line in lines if line.startswith(prefix) and line.endswith("True"))
             if done >= count:
