@@ -43,7 +43,7 @@ class Ports:
 class Topology:
     """How many simulated nodes to keep."""
 
-    nodes: int = 12
+    nodes: int = 18  # 3 per zone: room for ~1,700 pods, so suites and short benchmarks fit together
     gpu_nodes: int = 2
 
     def __post_init__(self) -> None:
@@ -176,6 +176,9 @@ class LocalCluster:
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}=fake",
                     f"--cidr={POD_CIDR}",
+                    # Renew each node's Lease: without it the node-lifecycle controller sees no
+                    # heartbeat for 40s, marks the node Unknown and every Pod on it NotReady for good.
+                    "--node-lease-duration-seconds=40",
                     "--node-ip=127.0.0.1",
                     f"--server-address=127.0.0.1:{ports.kwok}",
                 ),

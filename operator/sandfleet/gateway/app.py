@@ -11,8 +11,9 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandfleet import __version__
 from sandfleet.core import api
@@ -84,6 +85,25 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+class RequestMetrics:
+    """Times every request by its route template (a plain ASGI middleware: no per-request task)."""
+
+    def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
+        self.app = app
+        self.histogram = histogram
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            template = getattr(scope.get("route"), "path", "unmatched")
+            self.histogram.labels(template, scope["method"]).observe(time.perf_counter() - started)
+
+
 async def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
     """The authenticated caller of a request (401 before any work when there is none)."""
     authenticator: Authenticator = request.app.state.authenticator
@@ -117,14 +137,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.authenticator = runtime.authenticator
     app.state.metrics = metrics
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        metrics.request_duration.labels(template, request.method).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(RequestMetrics, histogram=metrics.request_duration)
 
     # -- errors: every one is a Problem with what to do, never a stack trace -------------------
 

@@ -200,15 +200,19 @@ class LeaseService:
         queue = self._queues.get(pool)
         if not queue or not queue.waiters:
             return
-        available = self._available(pool, queue)
+        available = self._available(pool, queue)  # oldest first, across all regions
         while queue.waiters and available:
             waiter = queue.waiters[0]
             if waiter.missing > len(available):
                 break  # strict FIFO: a group at the head is not overtaken by smaller requests
             queue.waiters.popleft()
-            chosen = pick_warm(available, waiter.request.regions)[: waiter.missing]
+            if waiter.request.regions:
+                chosen = pick_warm(available, waiter.request.regions)[: waiter.missing]
+                taken = {s.key for s in chosen}
+                available = [s for s in available if s.key not in taken]
+            else:
+                chosen, available = available[: waiter.missing], available[waiter.missing :]
             for sandbox in chosen:
-                available.remove(sandbox)
                 queue.claiming.add(sandbox.key)
             task = asyncio.ensure_future(self._claim_for(queue, waiter, chosen))
             self._claims.add(task)
