@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO / "hack"))
 from localcluster import build  # noqa: E402
 from localcluster.cluster import LocalCluster, Ports, Topology  # noqa: E402
 from sandfleet.core import api  # noqa: E402
+from sandfleet.core.model import image_key  # noqa: E402
 
 TOKEN = "bench-token"
 READY_JSONPATH = (
@@ -114,6 +115,7 @@ class Bench:
                             api.POOL_LABEL: "bench",
                             api.SANDBOX_REGION_LABEL: regions[i % 3],
                             api.LEASE_STATE_LABEL: api.LEASE_FREE,
+                            api.IMAGE_KEY_LABEL: image_key("sandfleet/sandbox:bench"),
                         },
                     },
                     "spec": {

@@ -18,6 +18,8 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 
 POOL_KIND: Final = "SandboxPool"
 POOL_PLURAL: Final = "sandboxpools"
+PREWARM_KIND: Final = "SandboxPrewarm"
+PREWARM_PLURAL: Final = "sandboxprewarms"
 
 REGION_LABEL: Final = "topology.kubernetes.io/region"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"

@@ -27,6 +27,7 @@ class Sandbox:
     port: int
     lease: Lease | None
     created_at: float = 0.0
+    image_key: str = ""  # which image it runs (sandfleet.core.model.image_key), for leases by image
 
     @property
     def key(self) -> str:
@@ -78,6 +79,7 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
         port=port,
         lease=lease_from_annotations(metadata.get("annotations")),
         created_at=_timestamp(metadata.get("creationTimestamp")),
+        image_key=labels.get(api.IMAGE_KEY_LABEL, ""),
     )
 
 

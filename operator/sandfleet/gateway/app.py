@@ -39,6 +39,8 @@ from sandfleet.gateway.models import (
     LeaseView,
     PoolList,
     PoolView,
+    PrefetchRequest,
+    PrefetchResponse,
     Problem,
     ReleaseResponse,
     RenewRequest,
@@ -249,11 +251,15 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.post("/v1/leases", status_code=201, tags=["leases"])
     async def acquire(body: AcquireRequest, who: Authed) -> AcquireResponse:
         started = time.perf_counter()
-        service.pool(body.pool)
-        await runtime.authenticator.authorize(who, body.pool)
+        if body.pool is None and body.image is None:
+            raise LeaseError("give a pool, an image, or both")
+        pool = body.pool or service.pool_for_image(body.image or "")
+        service.pool(pool)
+        await runtime.authenticator.authorize(who, pool)
         request = LeaseRequest(
-            pool=body.pool,
+            pool=pool,
             holder=who.name,
+            image=body.image,
             count=body.count,
             regions=tuple(body.regions),
             ttl_seconds=body.ttl_seconds,
@@ -266,13 +272,13 @@ def create_app(runtime: Runtime) -> FastAPI:
             granted = await service.acquire(request)
         except (QueueFull, WaitTimeout) as error:
             result = "rejected" if isinstance(error, QueueFull) else "timeout"
-            metrics.acquisitions.labels(body.pool, "rejected").inc(body.count)
-            metrics.lease_wait.labels(body.pool, result).observe(time.perf_counter() - started)
+            metrics.acquisitions.labels(pool, "rejected").inc(body.count)
+            metrics.lease_wait.labels(pool, result).observe(time.perf_counter() - started)
             raise
         result = "queued" if granted.position or granted.queue_seconds > 0.05 else "warm_hit"
-        metrics.acquisitions.labels(body.pool, result).inc(len(granted.leases))
+        metrics.acquisitions.labels(pool, result).inc(len(granted.leases))
         total = time.perf_counter() - started
-        metrics.lease_wait.labels(body.pool, result).observe(total)
+        metrics.lease_wait.labels(pool, result).observe(total)
         return AcquireResponse(
             leases=[LeaseView.of(lease, sandbox) for lease, sandbox in granted.leases],
             queue_position=granted.position,
@@ -282,6 +288,16 @@ def create_app(runtime: Runtime) -> FastAPI:
                 total_ms=total * 1000,
             ),
         )
+
+    @app.post("/v1/prefetch", tags=["pools"])
+    async def prefetch(body: PrefetchRequest, who: Authed) -> PrefetchResponse:
+        service.pool(body.pool)
+        await runtime.authenticator.authorize(who, body.pool)
+        names = [
+            await runtime.backend.prefetch(body.pool, item.image, item.count, body.ttl_seconds)
+            for item in body.images
+        ]
+        return PrefetchResponse(pool=body.pool, prewarms=names)
 
     @app.get("/v1/leases", tags=["leases"])
     async def list_leases(

@@ -51,3 +51,6 @@ class Backend(Protocol):
 
     async def fresh(self, lease_id: str) -> Sandbox | None:
         """Read one sandbox from the source of truth (not the index), None if it is gone."""
+
+    async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
+        """Ask for `count` warm sandboxes of `image` for a while; the name of what was written."""

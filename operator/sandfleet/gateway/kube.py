@@ -14,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandfleet.core import api
 from sandfleet.core.leases import Lease, lease_metadata, release_metadata
+from sandfleet.core.model import image_key
 from sandfleet.core.sandboxes import Sandbox, sandbox_from_pod, split_lease_id
 from sandfleet.gateway.backend import PoolInfo
 
@@ -135,6 +136,28 @@ class KubeBackend:
         if updated is not None:
             self._upsert(updated)
         return updated
+
+    async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
+        """Server-side apply a SandboxPrewarm; the operator warms the image for its TTL."""
+        name = f"{pool}-{image_key(image)}"[:253]
+        body = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.PREWARM_KIND,
+            "metadata": {"name": name, "labels": {api.POOL_LABEL: pool}},
+            "spec": {"pool": pool, "image": image, "count": count, "ttlSeconds": ttl_seconds},
+        }
+        await self.custom.patch_namespaced_custom_object(
+            api.GROUP,
+            api.VERSION,
+            self.namespace,
+            api.PREWARM_PLURAL,
+            name,
+            body,
+            field_manager="sandfleet-gateway",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+        return name
 
     # -- reviews for authentication and authorization -----------------------------------------
 

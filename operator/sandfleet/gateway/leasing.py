@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from sandfleet.core import api
 from sandfleet.core.leases import Lease, LeaseError, choose_ttl
+from sandfleet.core.model import image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place
 from sandfleet.core.sandboxes import Sandbox, pick_warm
 from sandfleet.gateway.backend import Backend, PoolInfo
@@ -57,6 +58,7 @@ class LeaseRequest:
 
     pool: str
     holder: str
+    image: str | None = None  # a task image (pre-warmed by prefetch); the pool's own when None
     count: int = 1
     regions: tuple[str, ...] = ()
     ttl_seconds: int | None = None
@@ -76,9 +78,13 @@ class Granted:
     position: int  # place in the queue on arrival; 0 when served at once
 
 
+Shelf = tuple[str, str]  # (pool, image key): sandboxes that are interchangeable for a lease
+
+
 @dataclass(eq=False)
 class _Waiter:
     request: LeaseRequest
+    shelf: Shelf
     ttl: int
     arrived: float
     future: asyncio.Future[list[tuple[Lease, Sandbox]]]
@@ -112,7 +118,7 @@ class LeaseService:
         self.clock = clock
         self.max_waiting = max_waiting
         self.spinup_seconds = spinup_seconds
-        self._queues: dict[str, _PoolQueue] = {}
+        self._queues: dict[Shelf, _PoolQueue] = {}
         self._stale: dict[str, str] = {}  # sandbox key -> resourceVersion a claim lost on
         self._by_idempotency_key: dict[str, asyncio.Future[Granted]] = {}
         self._claims: set[asyncio.Task[None]] = set()  # held so the loop cannot drop them
@@ -126,15 +132,27 @@ class LeaseService:
             raise NotFound(f"no pool named {name!r}: list pools with GET /v1/pools")
         return pool
 
+    def pool_for_image(self, image: str) -> str:
+        """The pool to lease `image` from: one whose template runs it, or that has it warm."""
+        for pool in self.backend.pools():
+            if pool.image == image:
+                return pool.name
+        key = image_key(image)
+        for sandbox in self.backend.sandboxes():
+            if sandbox.image_key == key:
+                return sandbox.pool
+        raise NotFound(f"no pool runs image {image!r}: prefetch it into a pool with POST /v1/prefetch")
+
     async def acquire(self, request: LeaseRequest) -> Granted:
         """Lease `count` sandboxes from the pool, waiting in its FIFO queue if none is warm."""
         pool = self.pool(request.pool)
         ttl = choose_ttl(request.ttl_seconds, pool.default_ttl_seconds, pool.max_ttl_seconds)
+        shelf = (pool.name, image_key(request.image or pool.image))
         if request.idempotency_key:
-            return await self._acquire_once(request, ttl)
-        return await self._acquire(request, ttl)
+            return await self._acquire_once(request, shelf, ttl)
+        return await self._acquire(request, shelf, ttl)
 
-    async def _acquire_once(self, request: LeaseRequest, ttl: int) -> Granted:
+    async def _acquire_once(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
         """A retried request with the same idempotency key gets the same leases, never new ones."""
         key = f"{request.holder}/{request.idempotency_key}"
         earlier = self._leases_with_key(request.idempotency_key or "", request.holder)
@@ -142,7 +160,7 @@ class LeaseService:
             return Granted(earlier, 0.0, 0.0, 0)
         running = self._by_idempotency_key.get(key)
         if running is None:
-            running = asyncio.ensure_future(self._acquire(request, ttl))
+            running = asyncio.ensure_future(self._acquire(request, shelf, ttl))
             self._by_idempotency_key[key] = running
             running.add_done_callback(lambda _: self._by_idempotency_key.pop(key, None))
         return await asyncio.shield(running)
@@ -160,20 +178,20 @@ class LeaseService:
                 found.append((lease, sandbox))
         return found
 
-    async def _acquire(self, request: LeaseRequest, ttl: int) -> Granted:
-        queue = self._queues.setdefault(request.pool, _PoolQueue())
+    async def _acquire(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
+        queue = self._queues.setdefault(shelf, _PoolQueue())
         now = self.clock()
         position = len(queue.waiters) + 1
         eta_each = eta_per_place(queue.refills.current(now), self.spinup_seconds)
         # Only a caller who would have to wait is subject to the queue's limit.
-        if queue.waiters or len(self._available(request.pool, queue)) < request.count:
+        if queue.waiters or len(self._available(shelf, queue)) < request.count:
             admission = admit(len(queue.waiters), self.max_waiting, eta_each / request.count)
             if not admission.admitted:
                 raise QueueFull(request.pool, admission)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(request, ttl, now, loop.create_future())
+        waiter = _Waiter(request, shelf, ttl, now, loop.create_future())
         queue.waiters.append(waiter)
-        self._dispatch(request.pool)
+        self._dispatch(shelf)
         started = time.monotonic()
         try:
             leases = await asyncio.wait_for(asyncio.shield(waiter.future), request.wait_seconds)
@@ -195,12 +213,12 @@ class LeaseService:
         # Its claims are in flight: they finish in a round trip, and the caller gets them.
         return await waiter.future
 
-    def _dispatch(self, pool: str) -> None:
+    def _dispatch(self, shelf: Shelf) -> None:
         """Pair waiters, head first, with warm sandboxes and claim them concurrently."""
-        queue = self._queues.get(pool)
+        queue = self._queues.get(shelf)
         if not queue or not queue.waiters:
             return
-        available = self._available(pool, queue)  # oldest first, across all regions
+        available = self._available(shelf, queue)  # oldest first, across all regions
         while queue.waiters and available:
             waiter = queue.waiters[0]
             if waiter.missing > len(available):
@@ -218,12 +236,13 @@ class LeaseService:
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
 
-    def _available(self, pool: str, queue: _PoolQueue) -> list[Sandbox]:
-        """Warm sandboxes nobody is claiming and no claim has just lost a race on."""
+    def _available(self, shelf: Shelf, queue: _PoolQueue) -> list[Sandbox]:
+        """Warm sandboxes of the shelf nobody is claiming and no claim has just lost a race on."""
+        pool, key = shelf
         skip = frozenset(queue.claiming) | {
-            key for key, version in list(self._stale.items()) if self._is_stale(key, version)
+            name for name, version in list(self._stale.items()) if self._is_stale(name, version)
         }
-        return pick_warm(self.backend.sandboxes(pool), (), skip)
+        return pick_warm((s for s in self.backend.sandboxes(pool) if s.image_key == key), (), skip)
 
     async def _claim_for(self, queue: _PoolQueue, waiter: _Waiter, chosen: list[Sandbox]) -> None:
         started = time.monotonic()
@@ -254,7 +273,7 @@ class LeaseService:
             )
         else:
             queue.waiters.appendleft(waiter)  # lost a race: keep its place at the head
-        self._dispatch(waiter.request.pool)
+        self._dispatch(waiter.shelf)
 
     def _lease_for(self, waiter: _Waiter, sandbox: Sandbox, now: float) -> Lease:
         request = waiter.request
@@ -283,14 +302,14 @@ class LeaseService:
 
     def _on_change(self, sandbox: Sandbox) -> None:
         if sandbox.warm:
-            queue = self._queues.get(sandbox.pool)
+            shelf = (sandbox.pool, sandbox.image_key)
+            queue = self._queues.get(shelf)
             if queue is not None:
                 queue.refills.observe(self.clock())
-                self._dispatch(sandbox.pool)
+                self._dispatch(shelf)
 
     def waiting(self, pool: str) -> int:
-        queue = self._queues.get(pool)
-        return len(queue.waiters) if queue else 0
+        return sum(len(q.waiters) for (name, _), q in self._queues.items() if name == pool)
 
     # -- the lease's life ----------------------------------------------------------------------
 

@@ -15,9 +15,18 @@ class Strict(BaseModel):
 
 
 class AcquireRequest(Strict):
-    """Lease one sandbox (or `count`, all or nothing) from a pool."""
+    """Lease one sandbox (or `count`, all or nothing) from a pool, or by task image."""
 
-    pool: str = Field(min_length=1, max_length=253, pattern=NAME, description="SandboxPool name.")
+    pool: str | None = Field(
+        None, min_length=1, max_length=253, pattern=NAME, description="SandboxPool name."
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        pattern=r"^\S+$",
+        description="Task image (pre-warmed with /v1/prefetch); the pool's own image when omitted.",
+    )
     count: int = Field(1, ge=1, le=256, description="Sandboxes to lease at once (a GRPO group).")
     regions: list[str] = Field(
         default_factory=list, max_length=16, description="Preferred regions, best first."
@@ -37,6 +46,24 @@ class AcquireRequest(Strict):
     wait_seconds: float = Field(
         30.0, ge=0, le=600, description="How long to wait in the pool's queue for a sandbox."
     )
+
+
+class PrefetchImage(Strict):
+    image: str = Field(min_length=1, max_length=512, pattern=r"^\S+$")
+    count: int = Field(ge=0, le=10000, description="Warm sandboxes of this image to keep.")
+
+
+class PrefetchRequest(Strict):
+    """Images a trainer will need soon (its dataloader's lookahead), to be warmed ahead."""
+
+    pool: str = Field(min_length=1, max_length=253, pattern=NAME)
+    images: list[PrefetchImage] = Field(min_length=1, max_length=256)
+    ttl_seconds: int = Field(600, ge=1, le=86400, description="How long to keep them warm.")
+
+
+class PrefetchResponse(BaseModel):
+    pool: str
+    prewarms: list[str] = Field(description="SandboxPrewarm objects written (or local pools sized).")
 
 
 class Timings(BaseModel):

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.model import image_key
 from tests.support.kube import Kubectl, wait_until
 
 REGIONS = ("us-east1", "europe-west4", "asia-southeast1")
@@ -37,7 +38,7 @@ def pool_manifest(name: str = "python", max_ttl: int = 3600) -> dict[str, Any]:
     }
 
 
-def sandbox_pod(name: str, pool: str, region: str) -> dict[str, Any]:
+def sandbox_pod(name: str, pool: str, region: str, image: str = "sandfleet/sandbox:test") -> dict[str, Any]:
     """A sandbox Pod as the operator makes it (contract: sandfleet.core.api)."""
     return {
         "apiVersion": "v1",
@@ -48,6 +49,7 @@ def sandbox_pod(name: str, pool: str, region: str) -> dict[str, Any]:
                 api.POOL_LABEL: pool,
                 api.SANDBOX_REGION_LABEL: region,
                 api.LEASE_STATE_LABEL: api.LEASE_FREE,
+                api.IMAGE_KEY_LABEL: image_key(image),
             },
         },
         "spec": {
@@ -55,7 +57,7 @@ def sandbox_pod(name: str, pool: str, region: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": api.SANDBOX_CONTAINER,
-                    "image": "sandfleet/sandbox:test",
+                    "image": image,
                     "ports": [{"containerPort": 8000}],
                 }
             ],

@@ -33,7 +33,7 @@ def test_schemathesis_finds_no_server_errors_or_undocumented_statuses(
             "--max-examples", "30", "--request-timeout", "30", "--workers", "1",
             "--generation-deterministic", "--report", "junit", "--report-junit-path", str(report),
         ],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,  # it writes .schemathesis/
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:]
     assert "passed" in result.stdout

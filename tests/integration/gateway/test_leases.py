@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from sandfleet.core import api
-from tests.integration.gateway.conftest import GatewayFactory, Pool
+from tests.integration.gateway.conftest import GatewayFactory, Pool, sandbox_pod, wait_for
 from tests.support.kube import Kubectl
 
 pytestmark = pytest.mark.cluster
@@ -302,3 +302,32 @@ def test_metrics_follow_the_product_names(pool: Pool, start_gateway: GatewayFact
     assert "sandfleet_leases_active 1.0" in text
     assert 'sandfleet_gateway_request_duration_seconds_count{method="POST",route="/v1/leases"}' in text
     assert "sandfleet_build_info" in text
+
+
+def test_prefetch_writes_a_prewarm_and_leases_by_image(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(2)
+    task_pod = sandbox_pod("python-task-0000", "python", "us-east1", image="tasks/astropy:1")
+    pool.kube.apply(task_pod)
+    wait_for(lambda: pool.ready_count("task") == 1, what="the task-image sandbox")
+    with start_gateway().client() as client:
+        written = client.post(
+            "/v1/prefetch",
+            json={"pool": "python", "images": [{"image": "tasks/astropy:1", "count": 3}]},
+        )
+        assert written.status_code == 200, written.text
+        (name,) = written.json()["prewarms"]
+        prewarm = pool.kube.json("get", "sandboxprewarms", name)
+        assert prewarm["spec"] == {
+            "pool": "python",
+            "image": "tasks/astropy:1",
+            "count": 3,
+            "ttlSeconds": 600,
+        }
+        by_image = client.post("/v1/leases", json={"image": "tasks/astropy:1"})
+        assert by_image.status_code == 201, by_image.text
+        assert by_image.json()["leases"][0]["sandbox"] == "python-task-0000"
+        plain = acquire(client).json()["leases"][0]
+        assert plain["sandbox"].startswith("python-sb-")
+        unknown = client.post("/v1/leases", json={"image": "tasks/nothing:1"})
+        assert unknown.status_code == 404
+        assert "prefetch it" in unknown.json()["detail"]

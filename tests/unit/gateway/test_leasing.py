@@ -11,6 +11,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.leases import Lease
+from sandfleet.core.model import image_key
 from sandfleet.core.sandboxes import Sandbox
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.gateway.leasing import Gone, LeaseRequest, LeaseService, QueueFull, WaitTimeout
@@ -29,10 +30,10 @@ class MemoryBackend:
         self.steal_probability = steal_probability
         self.stolen: set[str] = set()
 
-    def add(self, name: str, region: str = "us-east1") -> None:
+    def add(self, name: str, region: str = "us-east1", image: str = "img") -> None:
         self.version += 1
         sandbox = Sandbox("ns", name, "python", region, str(self.version), api.LEASE_FREE,
-                          True, False, "127.0.0.1", 1, None)  # fmt: skip
+                          True, False, "127.0.0.1", 1, None, image_key=image_key(image))  # fmt: skip
         self.items[sandbox.key] = sandbox
         for listener in self.listeners:
             listener(sandbox)
@@ -80,6 +81,9 @@ class MemoryBackend:
 
     async def fresh(self, lease_id: str) -> Sandbox | None:
         return self.items.get(lease_id)
+
+    async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
+        raise AssertionError("not used by the lease service")
 
 
 def request(**overrides: object) -> LeaseRequest:
@@ -144,6 +148,18 @@ async def test_queue_full_and_preferred_region() -> None:
     await service.acquire(request())
     with pytest.raises(QueueFull):
         await service.acquire(request())
+
+
+async def test_leases_by_image_take_only_that_image() -> None:
+    backend = MemoryBackend()
+    backend.add("plain")
+    backend.add("task", image="task:1")
+    service = LeaseService(backend)
+    by_image = await service.acquire(request(image="task:1"))
+    assert by_image.leases[0][0].id == "ns.task"
+    with pytest.raises(WaitTimeout):
+        await service.acquire(request(image="task:1", wait_seconds=0.05))
+    assert (await service.acquire(request())).leases[0][0].id == "ns.plain"
 
 
 async def test_expired_and_released_leases_are_gone() -> None:
