@@ -159,3 +159,63 @@ def leases(
             f"{item.expires_at - time.time():.0f}s",
         )  # fmt: skip
     Console().print(table)
+
+
+@app.command()
+def bench(
+    pool: Annotated[str, typer.Argument(help="Pool to lease from.")],
+    episodes: Annotated[int, typer.Option(help="Lease -> exec -> release cycles.")] = 50,
+    concurrency: Annotated[int, typer.Option(help="Cycles in flight at once.")] = 4,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Measure your gateway from here: lease, first exec and release latencies (p50/p99)."""
+    import asyncio
+    import statistics
+    import time
+
+    from rich.progress import Progress
+
+    from sandfleet.client import AsyncFleet, AsyncSandbox
+
+    timings: dict[str, list[float]] = {"lease_ms": [], "first_exec_ms": [], "release_ms": []}
+
+    async def run(progress: Progress) -> None:
+        task = progress.add_task("episodes", total=episodes)
+        remaining = [episodes]
+        async with AsyncFleet(url=url, token=token) as fleet:
+
+            async def worker() -> None:
+                while remaining[0] > 0:
+                    remaining[0] -= 1
+                    t0 = time.perf_counter()
+                    (lease,) = await fleet.acquire(pool)
+                    t1 = time.perf_counter()
+                    await AsyncSandbox(fleet, lease).exec(["true"])
+                    t2 = time.perf_counter()
+                    await fleet.release(lease.id)
+                    t3 = time.perf_counter()
+                    timings["lease_ms"].append((t1 - t0) * 1000)
+                    timings["first_exec_ms"].append((t2 - t1) * 1000)
+                    timings["release_ms"].append((t3 - t2) * 1000)
+                    progress.advance(task)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    with Progress(console=console, transient=True) as progress:
+        _run(lambda: asyncio.run(run(progress)))
+    summary = {
+        name: {
+            "p50": round(statistics.median(values), 2),
+            "p99": round(sorted(values)[max(0, round(0.99 * len(values)) - 1)], 2),
+        }
+        for name, values in timings.items()
+    }
+    if as_json:
+        typer.echo(json.dumps({"episodes": episodes, **summary}))
+        return
+    table = Table("WHAT", "P50 MS", "P99 MS")
+    for name, stats in summary.items():
+        table.add_row(name, str(stats["p50"]), str(stats["p99"]))
+    Console().print(table)

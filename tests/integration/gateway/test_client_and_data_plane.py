@@ -49,21 +49,22 @@ def _answers(url: str) -> bool:
         return False
 
 
-def loopback_sandbox(pool: Pool, port: int) -> str:
+def loopback_sandbox(pool: Pool, port: int, index: int = 0) -> str:
     """A sandbox Pod whose address is the loopback agent (status written as a kubelet would)."""
-    pod = sandbox_pod("python-loop-0", pool.name, "us-east1")
+    name = f"python-loop-{index}"
+    pod = sandbox_pod(name, pool.name, "us-east1")
     pod["spec"]["containers"][0]["ports"] = [{"containerPort": port}]
     pool.kube.apply(pod)
-    wait_until(lambda: pool.ready_count("loop") == 1, timeout=60, what="the sandbox Pod")
+    wait_until(lambda: pool.ready_count("loop") > index, timeout=60, what="the sandbox Pod")
     status = {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}
-    pool.kube("patch", "pod", "python-loop-0", "--subresource=status", "--type=merge",
+    pool.kube("patch", "pod", name, "--subresource=status", "--type=merge",
               "-p", json.dumps(status))  # fmt: skip
     wait_until(
-        lambda: pool.kube.json("get", "pod", "python-loop-0")["status"].get("podIP") == "127.0.0.1",
+        lambda: pool.kube.json("get", "pod", name)["status"].get("podIP") == "127.0.0.1",
         timeout=30,
         what="the loopback address to stick",
     )
-    return "python-loop-0"
+    return name
 
 
 def test_sync_client_execs_and_moves_files_through_the_gateway(
@@ -139,3 +140,20 @@ def test_cli_lease_exec_release(pool: Pool, start_gateway: GatewayFactory, agent
     )  # fmt: skip
     assert unreachable.returncode == 1
     assert "cannot reach the gateway" in unreachable.stderr
+
+
+def test_cli_bench_measures_lease_exec_release(pool: Pool, start_gateway: GatewayFactory, agent: int) -> None:
+    for index in range(4):
+        loopback_sandbox(pool, agent, index)
+    gateway = start_gateway()
+    env = dict(os.environ, SANDFLEET_URL=gateway.url, SANDFLEET_TOKEN="actor-token")
+    result = subprocess.run(
+        [sys.executable, "-m", "sandfleet.cli", "bench", "python", "--episodes", "4",
+         "--concurrency", "2", "--json"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["episodes"] == 4
+    for phase in ("lease_ms", "first_exec_ms", "release_ms"):
+        assert 0 < report[phase]["p50"] <= report[phase]["p99"]
