@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 # The README's test command: bootstrap, build the local cluster, lint, then every test.
 test: bootstrap
 	hack/cluster build
+	hack/gvisor build
+	sandbox_image/build
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest tests
 

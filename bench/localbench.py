@@ -1,0 +1,46 @@
+"""Shared helpers for the local-runtime benchmarks: builds what they need, logs progress, percentiles."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "operator"))
+
+from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc  # noqa: E402
+
+
+def log(name: str, message: str) -> None:
+    """Progress on stderr; stdout is kept for the final JSON line."""
+    print(f"[bench {name}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def summary(values: list[float], prefix: str) -> dict[str, float]:
+    """p50, p99, mean and max of a sample, rounded to microseconds, named after the figure."""
+    return {
+        f"{prefix}_p50_s": round(percentile(values, 50), 6),
+        f"{prefix}_p99_s": round(percentile(values, 99), 6),
+        f"{prefix}_mean_s": round(statistics.fmean(values), 6),
+        f"{prefix}_max_s": round(max(values), 6),
+    }
+
+
+async def prepare(name: str) -> tuple[Path, ImageRef, str]:
+    """runsc, the base image, and runsc's version line (all built on demand, cached)."""
+    log(name, "ensuring runsc and the sandbox image are built (cached after the first run)")
+    runsc = await ensure_runsc()
+    image = await ensure_base_image()
+    version = await asyncio.to_thread(
+        lambda: subprocess.run([str(runsc), "--version"], capture_output=True, text=True, check=True).stdout
+    )
+    return runsc, image, version.splitlines()[0]

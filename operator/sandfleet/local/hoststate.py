@@ -1,0 +1,183 @@
+"""Finds and removes what dead runtimes left on the host: containers, processes, networks, mounts.
+
+Debris means runsc containers and processes, network namespaces and veths, mounts, cgroups and
+state directories of runtimes that are no longer alive.
+
+A runtime holds an exclusive flock on its instance directory's lock file for its whole life, so
+a lock anyone can take means its owner died (crash, SIGKILL) and everything it owned is debris.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandfleet.local.commands import run_command
+from sandfleet.local.network import SlotTable, delete_network
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_PARENT = "sandfleet"
+RUNSC_PROCESS_NAMES = ("runsc", "runsc-sandbox", "runsc-gofer")
+MNT_DETACH = 2
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass
+class CleanupReport:
+    """What a cleanup removed."""
+
+    instances: list[str] = field(default_factory=list)
+    containers: int = 0
+    processes: int = 0
+    networks: int = 0
+    mounts: int = 0
+    cgroups: int = 0
+
+
+def try_lock(path: Path) -> int | None:
+    """Take the exclusive lock at `path` without waiting; None if someone holds it."""
+    descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def runsc_processes(runsc_root: Path) -> list[int]:
+    """Pids of runsc, runsc-sandbox and runsc-gofer processes working on this runsc root."""
+    marker = f"--root={runsc_root}".encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if (
+            argv
+            and os.path.basename(argv[0].decode(errors="replace")) in RUNSC_PROCESS_NAMES
+            and marker in argv
+        ):
+            found.append(int(entry))
+    return found
+
+
+def mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below a directory, deepest first."""
+    prefix = str(directory).rstrip("/") + "/"
+    points: list[str] = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            point = line.split()[4].replace("\\040", " ")
+            if point == str(directory) or point.startswith(prefix):
+                points.append(point)
+    return sorted(set(points), key=len, reverse=True)
+
+
+def unmount_all(directory: Path) -> int:
+    """Lazily unmount everything mounted under a directory (stacked mounts included)."""
+    count = 0
+    for _ in range(16):
+        points = mounts_under(directory)
+        if not points:
+            break
+        for point in points:
+            if _umount(point):
+                count += 1
+    return count
+
+
+def _umount(point: str) -> bool:
+    return bool(_LIBC.umount2(point.encode(), MNT_DETACH) == 0)
+
+
+def remove_cgroups(container_prefix: str) -> int:
+    """Remove the per-container cgroups runsc made, in every controller hierarchy."""
+    removed = 0
+    if not CGROUP_ROOT.is_dir():
+        return removed
+    for hierarchy in CGROUP_ROOT.iterdir():
+        parent = hierarchy / CGROUP_PARENT
+        if not parent.is_dir():
+            continue
+        for child in parent.iterdir():
+            if child.is_dir() and child.name.startswith(container_prefix):
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+                    removed += 1
+    return removed
+
+
+async def destroy_runsc_root(runsc: Path, runsc_root: Path, report: CleanupReport) -> None:
+    """Kill and delete every container of a runsc root, then any process still using it."""
+    if _is_dir(runsc_root):
+        listing = await run_command(
+            [str(runsc), f"--root={runsc_root}", "list", "--format=json"], check=False, timeout_s=30
+        )
+        try:
+            containers = json.loads(listing.stdout or "[]") or []
+        except ValueError:
+            containers = []
+        for container in containers:
+            container_id = str(container.get("id", ""))
+            if not container_id:
+                continue
+            await run_command([str(runsc), f"--root={runsc_root}", "kill", container_id, "KILL"], check=False)
+            await run_command(
+                [str(runsc), f"--root={runsc_root}", "delete", "--force", container_id],
+                check=False,
+                timeout_s=30,
+            )
+            report.containers += 1
+    for pid in runsc_processes(runsc_root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            report.processes += 1
+
+
+def _is_dir(path: Path) -> bool:
+    # A stat on /run (tmpfs) never blocks long enough to matter to the event loop.
+    return path.is_dir()
+
+
+async def clean_dead_instances(runsc: Path, state_dir: Path, slots: SlotTable) -> CleanupReport:
+    """Remove everything left by runtimes whose lock is free (they crashed or were killed)."""
+    report = CleanupReport()
+    instances_dir = state_dir / "instances"
+    alive: set[str] = set()
+    if instances_dir.is_dir():
+        for instance in sorted(instances_dir.iterdir()):
+            lock = try_lock(instance / "lock") if instance.is_dir() else None
+            if lock is None:
+                alive.add(instance.name)
+                continue
+            try:
+                await destroy_runsc_root(runsc, instance / "runsc", report)
+                report.mounts += unmount_all(instance)
+                report.cgroups += remove_cgroups(container_prefix(instance.name))
+                shutil.rmtree(instance, ignore_errors=True)
+                report.instances.append(instance.name)
+            finally:
+                os.close(lock)
+    for slot, owner in slots.owners().items():
+        if owner not in alive:
+            await delete_network(slot)
+            slots.free(slot)
+            report.networks += 1
+    return report
+
+
+def container_prefix(instance_id: str) -> str:
+    """Every runsc container id of an instance starts with this."""
+    return f"sf-{instance_id}-"

@@ -1,0 +1,143 @@
+"""An in-process warm pool: N sandboxes kept ready so a lease on a laptop is as fast as on a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from sandfleet.core.warm_pool import PoolCounts, plan
+from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.runtime import LocalRuntime, Sandbox, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A sandbox handed out by the pool, and how it was obtained."""
+
+    sandbox: Sandbox
+    warm: bool
+    wait_s: float
+
+
+class WarmPool:
+    """Keeps `size` ready sandboxes of one spec; acquire takes one (or creates one cold if empty)."""
+
+    def __init__(
+        self,
+        runtime: LocalRuntime,
+        size: int,
+        *,
+        spec: SandboxSpec | None = None,
+        max_parallel_creates: int = 2,
+    ) -> None:
+        if size < 0:
+            raise ValueError("pool size must not be negative")
+        self.runtime = runtime
+        self.spec = spec or SandboxSpec()
+        self.size = size
+        self.max_parallel_creates = max_parallel_creates
+        self.failures = 0
+        self._ready: deque[Sandbox] = deque()
+        self._creating: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    @property
+    def ready_count(self) -> int:
+        """Sandboxes ready to hand out now."""
+        return len(self._ready)
+
+    def start(self) -> None:
+        """Begin filling the pool in the background."""
+        self._refill()
+
+    def resize(self, size: int) -> None:
+        """Change the target; surplus ready sandboxes are destroyed in the background."""
+        if size < 0:
+            raise ValueError("pool size must not be negative")
+        self.size = size
+        self._refill()
+
+    async def acquire(self) -> Lease:
+        """Take a ready sandbox, or create one cold when none is ready; the pool refills behind it."""
+        if self._closed:
+            raise LocalRuntimeError("the pool is closed")
+        started = time.monotonic()
+        if self._ready:
+            sandbox = self._ready.popleft()
+            self._refill()
+            return Lease(sandbox=sandbox, warm=True, wait_s=time.monotonic() - started)
+        self._refill()
+        sandbox = await self.runtime.create(self.spec)
+        return Lease(sandbox=sandbox, warm=False, wait_s=time.monotonic() - started)
+
+    def release(self, lease: Lease) -> None:
+        """Give a sandbox back: it is destroyed (never reused) off the critical path."""
+        self.runtime.release(lease.sandbox)
+
+    async def wait_full(self, timeout_s: float = 60.0) -> None:
+        """Wait until the pool holds its target of ready sandboxes."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._ready) < self.size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LocalRuntimeError(
+                    f"the pool has {len(self._ready)} of {self.size} sandboxes ready after {timeout_s:.0f} s"
+                )
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    async def close(self) -> None:
+        """Stop refilling, and destroy ready sandboxes and those being created."""
+        self._closed = True
+        for task in list(self._creating):
+            task.cancel()
+        if self._creating:
+            await asyncio.gather(*self._creating, return_exceptions=True)
+        while self._ready:
+            self.runtime.release(self._ready.popleft())
+
+    def _refill(self) -> None:
+        if self._closed:
+            return
+        step = plan(
+            PoolCounts(
+                ready=len(self._ready),
+                creating=len(self._creating),
+                target=self.size,
+                max_parallel_creates=self.max_parallel_creates,
+            )
+        )
+        for _ in range(step.create):
+            task = asyncio.get_running_loop().create_task(self._create_one())
+            self._creating.add(task)
+        for _ in range(step.retire):
+            self.runtime.release(self._ready.pop())
+
+    async def _create_one(self) -> None:
+        task = asyncio.current_task()
+        try:
+            sandbox = await self.runtime.create(self.spec)
+        except LocalRuntimeError as error:
+            self.failures += 1
+            log.warning("warm pool create failed: %s", error)
+            # Back off before the next attempt so a broken image does not spin.
+            await asyncio.sleep(min(0.5 * self.failures, 5.0))
+        else:
+            if self._closed:
+                self.runtime.release(sandbox)
+            else:
+                self._ready.append(sandbox)
+        finally:
+            if task is not None:
+                self._creating.discard(task)
+            self._changed.set()
+        self._refill()

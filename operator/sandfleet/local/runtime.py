@@ -1,0 +1,444 @@
+"""The local runtime: creates and destroys gVisor sandboxes with runsc, one network namespace each.
+
+One image is unpacked once and shared read-only (a read-only bind mount); every sandbox writes to
+its own in-memory overlay, runs in its own network namespace with its own address, and is held to
+its memory, CPU and process limits by cgroups. Destruction can run off the critical path; on start,
+debris from crashed runtimes is removed. A set-up sandbox can be checkpointed into a golden
+snapshot, and new sandboxes restored from it instead of booted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from sandfleet.core.addressing import DEFAULT_SUBNET
+from sandfleet.core.api import DEFAULT_AGENT_PORT
+from sandfleet.core.limits import SandboxLimits
+from sandfleet.local import hoststate, network
+from sandfleet.local.commands import CommandError, run_command
+from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.image import ImageConfig, ensure_rootfs, read_image_config
+from sandfleet.local.tools import ImageRef
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_DIR = Path("/run/sandfleet")
+READY_POLL_S = 0.005
+READY_ATTEMPT_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is created with: limits, extra agent environment, host ports it may reach."""
+
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    env: Mapping[str, str] = field(default_factory=dict)
+    allow_host_ports: tuple[int, ...] = ()
+
+
+@dataclass
+class Sandbox:
+    """A running sandbox whose agent answered."""
+
+    id: str
+    slot: int
+    address: str
+    port: int
+    bundle: Path
+    limits: SandboxLimits
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """The agent's base URL, on the sandbox's own address."""
+        return f"http://{self.address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A golden gVisor checkpoint that sandboxes can be restored from (lives until close)."""
+
+    path: Path
+    spec: SandboxSpec
+    source: str
+    seconds: float
+
+
+class LocalRuntime:
+    """Creates gVisor sandboxes from one image on this host; use as an async context manager."""
+
+    def __init__(
+        self,
+        image: ImageRef,
+        runsc: Path,
+        *,
+        state_dir: Path = DEFAULT_STATE_DIR,
+        subnet: str = DEFAULT_SUBNET,
+        agent_port: int = DEFAULT_AGENT_PORT,
+        ready_timeout_s: float = 30.0,
+        debug_log_dir: Path | None = None,
+    ) -> None:
+        self.image = image
+        self.runsc = runsc
+        self.state_dir = state_dir
+        self.agent_port = agent_port
+        self.ready_timeout_s = ready_timeout_s
+        self.debug_log_dir = debug_log_dir
+        self.instance_id = secrets.token_hex(4)
+        self.instance_dir = state_dir / "instances" / self.instance_id
+        self.runsc_root = self.instance_dir / "runsc"
+        self.rootfs = self.instance_dir / "rootfs"
+        self.slots = network.SlotTable(state_dir / "slots", subnet)
+        self.sandboxes: dict[str, Sandbox] = {}
+        self._specs: dict[str, SandboxSpec] = {}
+        self.cleanup_report: hoststate.CleanupReport | None = None
+        self._config: ImageConfig | None = None
+        self._lock_fd: int | None = None
+        self._counter = itertools.count(1)
+        self._pending_destroys: set[asyncio.Task[None]] = set()
+        self._client: httpx.AsyncClient | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LocalRuntime:
+        """Start the runtime."""
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        """Destroy every sandbox and remove the runtime's state."""
+        await self.close()
+
+    async def start(self) -> None:
+        """Claim an instance directory, clean up after crashed runtimes, and share the rootfs."""
+        if os.geteuid() != 0:
+            raise LocalRuntimeError("the local runtime needs root (runsc, network namespaces, cgroups)")
+        self.instance_dir.mkdir(parents=True)
+        lock = hoststate.try_lock(self.instance_dir / "lock")
+        if lock is None:
+            raise LocalRuntimeError(f"instance directory {self.instance_dir} is locked by another process")
+        self._lock_fd = lock
+        try:
+            await self._prepare()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _prepare(self) -> None:
+        self.cleanup_report = await hoststate.clean_dead_instances(self.runsc, self.state_dir, self.slots)
+        if self.cleanup_report.instances:
+            log.warning("removed debris of crashed runtimes: %s", self.cleanup_report)
+        self._config = read_image_config(self.image)
+        shared = await ensure_rootfs(self.image)
+        self.rootfs.mkdir()
+        self.runsc_root.mkdir()
+        # One read-only bind mount shared by all sandboxes: nothing in a sandbox can write to it.
+        await run_command(["mount", "--bind", str(shared), str(self.rootfs)])
+        await run_command(["mount", "-o", "remount,bind,ro", str(self.rootfs)])
+        await network.install_firewall()
+        self._client = httpx.AsyncClient(timeout=READY_ATTEMPT_TIMEOUT_S, trust_env=False)
+
+    async def close(self) -> None:
+        """Destroy every sandbox, wait for pending teardowns, and remove the instance's state."""
+        for sandbox in list(self.sandboxes.values()):
+            self.release(sandbox)
+        if self._pending_destroys:
+            await asyncio.gather(*self._pending_destroys, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self._lock_fd is None:
+            return
+        report = hoststate.CleanupReport()
+        await hoststate.destroy_runsc_root(self.runsc, self.runsc_root, report)
+        hoststate.unmount_all(self.instance_dir)
+        hoststate.remove_cgroups(hoststate.container_prefix(self.instance_id))
+        shutil.rmtree(self.instance_dir, ignore_errors=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    # --- sandboxes ------------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec | None = None) -> Sandbox:
+        """Create (boot) a sandbox and return once its agent answers /v1/ready."""
+        return await self._start_sandbox(spec or SandboxSpec(), snapshot=None)
+
+    async def restore(self, snapshot: Snapshot) -> Sandbox:
+        """Start a sandbox from a golden snapshot instead of booting it; same readiness rule.
+
+        Every restored sandbox begins in the identical state the golden one was in (files in its
+        overlay, running processes, imported modules), on its own new address.
+        """
+        if not snapshot.path.is_dir():
+            raise LocalRuntimeError(f"snapshot {snapshot.path} does not exist (was its runtime closed?)")
+        return await self._start_sandbox(snapshot.spec, snapshot=snapshot)
+
+    async def snapshot(self, sandbox: Sandbox, *, keep_running: bool = False) -> Snapshot:
+        """Checkpoint a set-up sandbox into a golden snapshot (runsc checkpoint).
+
+        Without `keep_running` the sandbox is consumed (checkpoint stops it) and released.
+        """
+        if sandbox.id not in self.sandboxes:
+            raise LocalRuntimeError(f"sandbox {sandbox.id} is not running in this runtime")
+        path = self.instance_dir / "snapshots" / f"{sandbox.id}-{next(self._counter)}"
+        path.mkdir(parents=True)
+        started = time.monotonic()
+        argv = [str(self.runsc), f"--root={self.runsc_root}", "checkpoint", f"--image-path={path}"]
+        if keep_running:
+            argv.append("--leave-running")
+        try:
+            await run_command([*argv, sandbox.id], timeout_s=300)
+        except (CommandError, LocalRuntimeError) as error:
+            shutil.rmtree(path, ignore_errors=True)
+            raise LocalRuntimeError(f"checkpointing {sandbox.id} failed: {error}") from None
+        snapshot = Snapshot(
+            path=path,
+            spec=self._specs.get(sandbox.id, SandboxSpec()),
+            source=sandbox.id,
+            seconds=time.monotonic() - started,
+        )
+        if not keep_running:
+            self.release(sandbox)
+        return snapshot
+
+    async def _start_sandbox(self, spec: SandboxSpec, snapshot: Snapshot | None) -> Sandbox:
+        if self._lock_fd is None or self._config is None:
+            raise LocalRuntimeError("the runtime is not started")
+        started = time.monotonic()
+        sandbox_id = f"{hoststate.container_prefix(self.instance_id)}{next(self._counter)}"
+        slot = self.slots.claim(self.instance_id)
+        addresses = self.slots.addresses(slot)
+        bundle = self.instance_dir / "sandboxes" / sandbox_id
+        sandbox = Sandbox(
+            id=sandbox_id,
+            slot=slot,
+            address=str(addresses.sandbox),
+            port=self.agent_port,
+            bundle=bundle,
+            limits=spec.limits,
+        )
+        self.sandboxes[sandbox_id] = sandbox
+        self._specs[sandbox_id] = spec
+        try:
+            await network.create_network(slot, addresses)
+            if spec.allow_host_ports:
+                await network.allow_host_ports(slot, spec.allow_host_ports)
+            networked = time.monotonic()
+            bundle.mkdir(parents=True)
+            (bundle / "config.json").write_text(json.dumps(self._oci_spec(sandbox, spec)))
+            if snapshot is None:
+                await self._runsc_start(sandbox, ["run", "--detach", f"--bundle={bundle}"])
+            else:
+                restore = ["restore", "--detach", f"--image-path={snapshot.path}", f"--bundle={bundle}"]
+                await self._runsc_start(sandbox, restore)
+            running = time.monotonic()
+            await self._wait_ready(sandbox)
+        except BaseException:
+            self.release(sandbox)
+            raise
+        ready = time.monotonic()
+        sandbox.timings = {
+            "network_s": networked - started,
+            ("runsc_restore_s" if snapshot else "runsc_run_s"): running - networked,
+            "agent_ready_s": ready - running,
+            "total_s": ready - started,
+        }
+        return sandbox
+
+    def release(self, sandbox: Sandbox) -> asyncio.Task[None]:
+        """Destroy a sandbox in the background (teardown stays off the caller's critical path)."""
+        self.sandboxes.pop(sandbox.id, None)
+        self._specs.pop(sandbox.id, None)
+        task = asyncio.get_running_loop().create_task(self._destroy(sandbox), name=f"destroy {sandbox.id}")
+        self._pending_destroys.add(task)
+        task.add_done_callback(self._pending_destroys.discard)
+        return task
+
+    async def destroy(self, sandbox: Sandbox) -> None:
+        """Destroy a sandbox and wait until everything it held is gone."""
+        await self.release(sandbox)
+
+    async def drain(self) -> None:
+        """Wait for background teardowns to finish."""
+        while self._pending_destroys:
+            await asyncio.gather(*list(self._pending_destroys), return_exceptions=True)
+
+    async def _destroy(self, sandbox: Sandbox) -> None:
+        root = f"--root={self.runsc_root}"
+        await run_command([str(self.runsc), root, "kill", sandbox.id, "KILL"], check=False, timeout_s=30)
+        await run_command([str(self.runsc), root, "delete", "--force", sandbox.id], check=False, timeout_s=60)
+        await network.delete_network(sandbox.slot)
+        self.slots.free(sandbox.slot)
+        shutil.rmtree(sandbox.bundle, ignore_errors=True)
+
+    async def _runsc_start(self, sandbox: Sandbox, command: list[str]) -> None:
+        argv = [str(self.runsc), *self._runsc_flags(), *command, sandbox.id]
+        # The sandbox inherits this file as the agent's stdout and stderr.
+        agent_log = _open_log(sandbox.bundle / "agent.log")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=agent_log, stderr=agent_log
+            )
+        finally:
+            os.close(agent_log)
+        try:
+            code = await asyncio.wait_for(proc.wait(), 60)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+        if code != 0:
+            raise LocalRuntimeError(
+                f"runsc {command[0]} {sandbox.id} exited {code}: {self._log_tail(sandbox)}"
+            )
+
+    def _runsc_flags(self) -> list[str]:
+        flags = [
+            f"--root={self.runsc_root}",
+            "--network=sandbox",
+            # Writes land in sandbox memory (counted against its limit); the shared rootfs is untouched.
+            "--overlay2=root:memory",
+        ]
+        if self.debug_log_dir is not None:
+            flags += ["--debug", f"--debug-log={self.debug_log_dir}/"]
+        return flags
+
+    async def _wait_ready(self, sandbox: Sandbox) -> None:
+        assert self._client is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        url = f"{sandbox.url}/v1/ready"
+        last_problem = "no answer yet"
+        while time.monotonic() < deadline:
+            try:
+                response = await self._client.get(url)
+                if response.status_code == 200:
+                    return
+                last_problem = f"/v1/ready answered {response.status_code}"
+            except httpx.TransportError as error:
+                last_problem = f"{type(error).__name__}"
+            await asyncio.sleep(READY_POLL_S)
+        raise LocalRuntimeError(
+            f"sandbox {sandbox.id} was not ready within {self.ready_timeout_s:.0f} s ({last_problem}); "
+            f"agent log: {self._log_tail(sandbox)}"
+        )
+
+    @staticmethod
+    def _log_tail(sandbox: Sandbox) -> str:
+        try:
+            return (sandbox.bundle / "agent.log").read_text(errors="replace")[-2000:].strip() or "(empty)"
+        except OSError:
+            return "(no log)"
+
+    def _oci_spec(self, sandbox: Sandbox, spec: SandboxSpec) -> dict[str, object]:
+        assert self._config is not None
+        config = self._config
+        limits = spec.limits
+        quota, period = limits.cpu_quota()
+        env = [*config.env, *(f"{key}={value}" for key, value in spec.env.items())]
+        return {
+            "ociVersion": "1.0.2",
+            "hostname": "sandbox",
+            "process": {
+                "terminal": False,
+                "user": {"uid": config.uid, "gid": config.gid},
+                "args": config.argv,
+                "env": env,
+                "cwd": config.workdir,
+                "noNewPrivileges": True,
+                "capabilities": _capabilities(config.uid),
+                "rlimits": [
+                    {"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536},
+                    # gVisor's processes are not host processes, so the host pids cgroup cannot
+                    # stop a fork bomb; the sentry enforces RLIMIT_NPROC for a non-root user.
+                    {"type": "RLIMIT_NPROC", "hard": limits.pids, "soft": limits.pids},
+                ],
+            },
+            "root": {"path": str(self.rootfs), "readonly": False},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {
+                    "destination": "/dev",
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "mode=755"],
+                },
+                {
+                    "destination": "/sys",
+                    "type": "sysfs",
+                    "source": "sysfs",
+                    "options": ["nosuid", "noexec", "ro"],
+                },
+                {
+                    "destination": "/tmp",
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "mode=1777"],
+                },
+            ],
+            "linux": {
+                "namespaces": [
+                    {"type": "pid"},
+                    {"type": "ipc"},
+                    {"type": "uts"},
+                    {"type": "mount"},
+                    {"type": "network", "path": network.netns_path(sandbox.slot)},
+                ],
+                "cgroupsPath": f"/{hoststate.CGROUP_PARENT}/{sandbox.id}",
+                "resources": {
+                    "memory": {"limit": limits.memory_bytes},
+                    "cpu": {"quota": quota, "period": period},
+                    "pids": {"limit": host_pids_limit(limits.pids)},
+                },
+            },
+        }
+
+
+def host_pids_limit(guest_pids: int) -> int:
+    """The host pids cgroup limit that backs a guest process limit.
+
+    Guest processes live inside the gVisor sentry; on the host the sandbox needs Go runtime
+    threads plus systrap stub processes and threads. A host limit equal to the guest's wedges the
+    sentry itself when a fork bomb fills the guest, so the host limit is a generous backstop.
+    """
+    return 4 * guest_pids + 256
+
+
+def _open_log(path: Path) -> int:
+    # Creating a file on /run (tmpfs) does not block the event loop in any way that matters.
+    return os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+
+
+def _capabilities(uid: int) -> dict[str, list[str]]:
+    # A non-root agent gets no capabilities at all; a root one keeps a container's usual few.
+    kept = (
+        []
+        if uid != 0
+        else ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
+    )
+    return {name: list(kept) for name in ("bounding", "effective", "permitted")}
+
+
+async def check_runsc(runsc: Path) -> str:
+    """The runsc version line, or a clear error if the binary does not run."""
+    try:
+        result = await run_command([str(runsc), "--version"], timeout_s=30)
+    except (CommandError, LocalRuntimeError) as error:
+        raise LocalRuntimeError(f"runsc at {runsc} does not run: {error}") from None
+    return result.stdout.splitlines()[0] if result.stdout else "runsc (unknown version)"

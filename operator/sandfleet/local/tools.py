@@ -1,0 +1,62 @@
+"""Finds (and, on demand, builds) what the local runtime runs: runsc and the sandbox image."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandfleet.local.commands import CommandError, run_command
+from sandfleet.local.errors import LocalRuntimeError
+
+REPO = Path(__file__).resolve().parents[3]
+GVISOR_SCRIPT = REPO / "hack" / "gvisor"
+IMAGE_BUILD_SCRIPT = REPO / "sandbox_image" / "build"
+# A cold gVisor build is a few minutes on 2 cores; a cold image build about a minute.
+BUILD_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image in an OCI layout on this host."""
+
+    layout: Path
+    tag: str
+    digest: str
+
+
+async def ensure_runsc() -> Path:
+    """The runsc binary: $SANDFLEET_RUNSC if set, else the pinned build (built now if missing)."""
+    explicit = os.environ.get("SANDFLEET_RUNSC")
+    if explicit:
+        path = Path(explicit)
+        if not os.access(path, os.X_OK):
+            raise LocalRuntimeError(f"SANDFLEET_RUNSC={explicit} is not an executable")
+        return path
+    bin_dir = Path((await run_command([str(GVISOR_SCRIPT), "bin-dir"])).stdout.strip())
+    runsc = bin_dir / "runsc"
+    if not os.access(runsc, os.X_OK):
+        try:
+            await run_command([str(GVISOR_SCRIPT), "build"], timeout_s=BUILD_TIMEOUT_S)
+        except CommandError as error:
+            raise LocalRuntimeError(f"building runsc failed (hack/gvisor build): {error}") from None
+    return runsc
+
+
+async def ensure_base_image() -> ImageRef:
+    """The base sandbox image, built (or found in the cache) by sandbox_image/build."""
+    try:
+        result = await run_command([str(IMAGE_BUILD_SCRIPT), "--json"], timeout_s=BUILD_TIMEOUT_S)
+    except CommandError as error:
+        raise LocalRuntimeError(f"building the sandbox image failed (sandbox_image/build): {error}") from None
+    return image_ref_from_json(result.stdout.strip().splitlines()[-1])
+
+
+def image_ref_from_json(line: str) -> ImageRef:
+    """Read the JSON line sandbox_image/build --json prints."""
+    try:
+        data = json.loads(line)
+        return ImageRef(layout=Path(data["layout"]), tag=str(data["tag"]), digest=str(data["digest"]))
+    except (ValueError, KeyError, TypeError):
+        raise LocalRuntimeError(f"unexpected output from sandbox_image/build: {line[:200]!r}") from None

@@ -1,0 +1,77 @@
+"""Entry point: `python3 -m sandfleet_agent --port 8000 --root /workspace`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from sandfleet_agent import reaper
+from sandfleet_agent.evaluate import default_logs_dir
+from sandfleet_agent.server import AgentConfig, AgentServer
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Read the command line."""
+    parser = argparse.ArgumentParser(prog="sandfleet-agent", description=__doc__)
+    parser.add_argument("--host", default=os.environ.get("SANDFLEET_AGENT_HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("SANDFLEET_AGENT_PORT", "8000")))
+    parser.add_argument("--root", default=os.environ.get("SANDFLEET_AGENT_ROOT", "/workspace"))
+    parser.add_argument("--logs-dir", default=str(default_logs_dir()))
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("SANDFLEET_AGENT_TOKEN_FILE"),
+        help="file holding a bearer token every route except health and ready requires",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM or SIGINT."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    root = Path(args.root)
+    if not root.is_dir():
+        print(f"sandfleet-agent: --root {str(root)!r} is not a directory", file=sys.stderr)
+        return 2
+    token = os.environ.get("SANDFLEET_AGENT_TOKEN")
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as error:
+            print(f"sandfleet-agent: cannot read --token-file: {error.strerror}", file=sys.stderr)
+            return 2
+    config = AgentConfig(root=root, logs_dir=Path(args.logs_dir), token=token or None, verbose=args.verbose)
+    try:
+        server = AgentServer((args.host, args.port), config)
+    except OSError as error:
+        print(f"sandfleet-agent: cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
+        return 2
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # shutdown() waits for serve_forever to return, so it cannot run on the serving thread.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if os.getpid() == 1:
+        reaper.start()
+    print(
+        f"sandfleet-agent listening on {args.host}:{server.server_address[1]} root={server.workspace.root}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.jobs.kill_all()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""File operations inside the working area: read, write, list, stat, delete, tar in and out."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from http import HTTPStatus
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from sandfleet_agent.errors import AgentError, not_found, unprocessable
+from sandfleet_agent.paths import Workspace
+from sandfleet_agent.streams import ByteSink, ByteSource, StreamFile
+
+COPY_CHUNK = 256 << 10
+MAX_LIST_ENTRIES = 100_000
+
+
+def describe(workspace: Workspace, path: Path, info: os.stat_result | None = None) -> dict[str, object]:
+    """One directory entry as JSON: path relative to the root, type, size, mode and mtime."""
+    info = info if info is not None else os.lstat(path)
+    if stat.S_ISDIR(info.st_mode):
+        kind = "directory"
+    elif stat.S_ISLNK(info.st_mode):
+        kind = "symlink"
+    elif stat.S_ISREG(info.st_mode):
+        kind = "file"
+    else:
+        kind = "other"
+    entry: dict[str, object] = {
+        "name": path.name,
+        "path": workspace.relative(path),
+        "type": kind,
+        "size": info.st_size,
+        "mode": f"{stat.S_IMODE(info.st_mode):04o}",
+        "mtime": info.st_mtime,
+    }
+    if kind == "symlink":
+        entry["target"] = os.readlink(path)
+    return entry
+
+
+def stat_path(workspace: Workspace, raw: str) -> dict[str, object]:
+    """Describe one path."""
+    path = workspace.resolve(raw)
+    try:
+        return describe(workspace, path)
+    except FileNotFoundError:
+        raise not_found(f"no such file or directory: {raw!r}", code="file_not_found") from None
+
+
+def open_for_read(workspace: Workspace, raw: str) -> tuple[BinaryIO, int]:
+    """Open a regular file for streaming out; returns the file and its size."""
+    path = workspace.resolve(raw)
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - the caller streams it out and closes it
+    except FileNotFoundError:
+        raise not_found(f"no such file: {raw!r}", code="file_not_found") from None
+    except IsADirectoryError:
+        raise unprocessable(f"{raw!r} is a directory", "is_a_directory") from None
+    except PermissionError:
+        raise AgentError(HTTPStatus.FORBIDDEN, "permission_denied", f"cannot read {raw!r}") from None
+    info = os.fstat(handle.fileno())
+    if not stat.S_ISREG(info.st_mode):
+        handle.close()
+        raise unprocessable(f"{raw!r} is not a regular file", "not_a_file")
+    return handle, info.st_size
+
+
+def write_file(
+    workspace: Workspace, raw: str, source: ByteSource, length: int | None, mode: int | None
+) -> dict[str, object]:
+    """Write a file atomically (temp file then rename), creating parent directories."""
+    path = workspace.resolve(raw)
+    if path == workspace.root or path.is_dir():
+        raise unprocessable(f"{raw!r} is a directory", "is_a_directory")
+    _make_parents(workspace, path, raw)
+    descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            written = copy_stream(source, out, length)
+        os.chmod(temp_name, mode if mode is not None else 0o644)
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+    return {"path": workspace.relative(path), "size": written}
+
+
+def copy_stream(source: ByteSource, out: ByteSink, length: int | None) -> int:
+    """Copy `length` bytes (or until EOF when None), failing clearly on a short body."""
+    written = 0
+    while length is None or written < length:
+        want = COPY_CHUNK if length is None else min(COPY_CHUNK, length - written)
+        chunk = source.read(want)
+        if not chunk:
+            if length is not None:
+                raise bad_body(f"request body ended after {written} of {length} bytes")
+            break
+        out.write(chunk)
+        written += len(chunk)
+    return written
+
+
+def bad_body(message: str) -> AgentError:
+    """Build the error for a request body that does not match what it announced."""
+    return AgentError(HTTPStatus.BAD_REQUEST, "bad_body", message)
+
+
+def list_dir(workspace: Workspace, raw: str, recursive: bool) -> dict[str, object]:
+    """List a directory (optionally its whole tree), never following symlinks out of it."""
+    path = workspace.resolve(raw)
+    if not path.exists():
+        raise not_found(f"no such directory: {raw!r}", code="file_not_found")
+    if not path.is_dir():
+        raise unprocessable(f"{raw!r} is not a directory", "not_a_directory")
+    entries: list[dict[str, object]] = []
+    truncated = False
+    for entry_path in _walk(path, recursive):
+        if len(entries) >= MAX_LIST_ENTRIES:
+            truncated = True
+            break
+        try:
+            entries.append(describe(workspace, entry_path))
+        except FileNotFoundError:
+            continue
+    return {"path": workspace.relative(path), "entries": entries, "truncated": truncated}
+
+
+def _walk(path: Path, recursive: bool) -> Iterator[Path]:
+    with os.scandir(path) as scan:
+        children = sorted(scan, key=lambda entry: entry.name)
+    for child in children:
+        yield Path(child.path)
+        if recursive and child.is_dir(follow_symlinks=False):
+            yield from _walk(Path(child.path), recursive)
+
+
+def delete(workspace: Workspace, raw: str, recursive: bool) -> dict[str, object]:
+    """Delete a file, a symlink, or (with recursive) a directory tree; never the root itself."""
+    link = _link_path(workspace, raw)
+    path = link if link.is_symlink() else workspace.resolve(raw)
+    if path == workspace.root:
+        raise unprocessable("refusing to delete the working area itself", "cannot_delete_root")
+    if not os.path.lexists(path):
+        raise not_found(f"no such file or directory: {raw!r}", code="file_not_found")
+    if path.is_dir() and not path.is_symlink():
+        if not recursive:
+            try:
+                path.rmdir()
+            except OSError:
+                raise unprocessable(
+                    f"{raw!r} is a non-empty directory; pass recursive=1", "directory_not_empty"
+                ) from None
+        else:
+            shutil.rmtree(path)
+    else:
+        path.unlink()
+    return {"path": workspace.relative(path), "deleted": True}
+
+
+def _link_path(workspace: Workspace, raw: str) -> Path:
+    """The path itself with only its parent resolved: deleting a link removes the link."""
+    candidate = Path(os.path.normpath(raw if os.path.isabs(raw) else workspace.root / raw))
+    if candidate == workspace.root:
+        return workspace.root
+    parent = workspace.resolve(str(candidate.parent))
+    return parent / candidate.name
+
+
+def write_archive(workspace: Workspace, raw: str, out: StreamFile, gzip: bool) -> None:
+    """Stream a tar (optionally gzipped) of a directory tree or single file to `out`."""
+    path = workspace.resolve(raw)
+    if not path.exists():
+        raise not_found(f"no such file or directory: {raw!r}", code="file_not_found")
+    mode: Literal["w|gz", "w|"] = "w|gz" if gzip else "w|"
+    with tarfile.open(fileobj=out, mode=mode, format=tarfile.PAX_FORMAT) as tar:
+        if path.is_dir():
+            for child in sorted(path.iterdir()):
+                tar.add(child, arcname=child.name, recursive=True)
+        else:
+            tar.add(path, arcname=path.name)
+
+
+def extract_archive(workspace: Workspace, raw: str, source: StreamFile) -> dict[str, object]:
+    """Unpack a tar stream (plain, gzip, bzip2 or xz) into a directory, refusing unsafe members.
+
+    Refused: absolute names, `..`, anything resolving outside the working area (including through
+    symlinks already there or in the archive), hard links, and device or fifo nodes.
+    """
+    dest = workspace.resolve(raw)
+    _make_parents(workspace, dest / "x", raw)
+    dest.mkdir(exist_ok=True)
+    files = 0
+    total = 0
+    try:
+        with tarfile.open(fileobj=source, mode="r|*") as tar:
+            for member in tar:
+                target = _member_target(workspace, dest, member)
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    os.chmod(target, (member.mode & 0o7777) | 0o700)
+                elif member.issym():
+                    _check_link(workspace, target, member)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if os.path.lexists(target):
+                        target.unlink()
+                    os.symlink(member.linkname, target)
+                elif member.isreg():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if target.is_symlink():
+                        target.unlink()
+                    content = tar.extractfile(member)
+                    assert content is not None
+                    with open(target, "wb") as out:
+                        total += copy_stream(content, out, member.size)
+                    os.chmod(target, member.mode & 0o7777)
+                    files += 1
+                else:
+                    raise unsafe_archive(f"member {member.name!r} is not a file, directory or symlink")
+    except tarfile.TarError as error:
+        raise unprocessable(f"not a readable tar archive: {error}", "bad_archive") from None
+    return {"path": workspace.relative(dest), "files": files, "bytes": total}
+
+
+def unsafe_archive(message: str) -> AgentError:
+    """Build the error for an archive member that would escape or is not allowed."""
+    return unprocessable(message, "unsafe_archive")
+
+
+def _member_target(workspace: Workspace, dest: Path, member: tarfile.TarInfo) -> Path:
+    name = member.name
+    parts = Path(name).parts
+    if os.path.isabs(name) or ".." in parts or "\x00" in name:
+        raise unsafe_archive(f"member {name!r} has an absolute path or '..'")
+    try:
+        parent = workspace.resolve(str(dest / name) + "/..")
+    except AgentError:
+        raise unsafe_archive(f"member {name!r} would land outside the working area") from None
+    target = parent / Path(name).name if Path(name).name else parent
+    if not target.is_relative_to(workspace.root):
+        raise unsafe_archive(f"member {name!r} would land outside the working area")
+    return target
+
+
+def _check_link(workspace: Workspace, target: Path, member: tarfile.TarInfo) -> None:
+    pointed = os.path.join(target.parent, member.linkname)
+    real = Path(os.path.realpath(pointed))
+    if real != workspace.root and not real.is_relative_to(workspace.root):
+        raise unsafe_archive(f"symlink {member.name!r} points outside the working area")
+
+
+def _make_parents(workspace: Workspace, path: Path, raw: str) -> None:
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory") from None
+    except NotADirectoryError:
+        raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory") from None
+    # mkdir follows symlinks in the parents it did not create; re-check where it ended up.
+    workspace.resolve(str(parent))

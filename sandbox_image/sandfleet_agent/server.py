@@ -1,0 +1,496 @@
+"""The agent's HTTP/1.1 server: versioned JSON routes over exec, jobs, files and evaluate."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import re
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+from sandfleet_agent import files, jobs, process
+from sandfleet_agent.errors import AgentError, bad_request, not_found
+from sandfleet_agent.evaluate import evaluate
+from sandfleet_agent.params import JsonObject, query_flag, query_int, required_query
+from sandfleet_agent.paths import Workspace
+from sandfleet_agent.streams import ChunkedReader, ChunkedWriter, LimitedReader
+
+AGENT_VERSION = "0.1.0"
+MAX_JSON_BODY = 64 << 20
+MAX_READ_CHUNK = 16 << 20
+MAX_DRAIN_ON_ERROR = 8 << 20
+DEFAULT_READY_TIMEOUT_S = 10.0
+# Routes a kubelet or the local runtime probes without credentials.
+UNAUTHENTICATED = {"/v1/health", "/v1/ready"}
+
+
+@dataclass
+class AgentConfig:
+    """Everything the server needs to know about the sandbox it runs in."""
+
+    root: Path
+    logs_dir: Path
+    token: str | None = None
+    verbose: bool = False
+
+
+class AgentServer(ThreadingHTTPServer):
+    """A threading HTTP server that carries the agent's state."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], config: AgentConfig) -> None:
+        super().__init__(address, AgentHandler)
+        self.config = config
+        self.workspace = Workspace(config.root)
+        self.jobs = jobs.JobTable()
+        self.started_at = time.monotonic()
+        self.base_env = base_environment(config.root)
+
+
+def base_environment(root: Path) -> dict[str, str]:
+    """The environment every command starts from; a request's `env` is laid over it."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        "HOME": os.environ.get("HOME", str(root)),
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    for name in ("USER", "TERM", "TMPDIR"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+Route = Callable[["AgentHandler", re.Match[str]], None]
+
+
+class AgentHandler(BaseHTTPRequestHandler):
+    """One HTTP connection (keep-alive): routes requests and turns errors into JSON."""
+
+    protocol_version = "HTTP/1.1"
+    server: AgentServer
+    server_version = f"sandfleet-agent/{AGENT_VERSION}"
+
+    def setup(self) -> None:
+        """Disable Nagle: small responses would otherwise wait on the client's delayed ACK."""
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self) -> None:
+        """Dispatch a GET."""
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        """Dispatch a POST."""
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        """Dispatch a PUT."""
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        """Dispatch a DELETE."""
+        self._dispatch("DELETE")
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Log requests only when asked: access logs cost time on the exec path."""
+        if self.server.config.verbose:
+            sys.stderr.write(f"agent: {self.address_string()} {format % args}\n")
+
+    # --- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        self._headers_sent = False
+        self._body_left = self._announced_length()
+        split = urlsplit(self.path)
+        self.query = dict(parse_qsl(split.query, keep_blank_values=True))
+        try:
+            route, match = _find_route(method, split.path)
+            if split.path not in UNAUTHENTICATED:
+                self._check_token()
+            route(self, match)
+        except AgentError as error:
+            self._fail(error)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except PermissionError as error:
+            self._fail(AgentError(HTTPStatus.FORBIDDEN, "permission_denied", _os_message(error)))
+        except OSError as error:
+            # Disk full, read-only file system and the like: the request was fine, the sandbox said no.
+            self._fail(AgentError(HTTPStatus.UNPROCESSABLE_ENTITY, "os_error", _os_message(error)))
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            self._fail(
+                AgentError(
+                    HTTPStatus.INTERNAL_SERVER_ERROR, "internal_error", "the agent failed; see its log"
+                )
+            )
+        if self._body_left != 0:
+            # An unread body would be parsed as the next request: drop the connection instead.
+            self.close_connection = True
+
+    def _fail(self, error: AgentError) -> None:
+        if self._headers_sent:
+            self.close_connection = True
+            return
+        # Closing with unread request bytes makes the kernel send a reset, which can destroy the
+        # error response before the client reads it: read a modest remainder first.
+        if 0 < self._body_left <= MAX_DRAIN_ON_ERROR:
+            self._body().read()
+        self._send_json(error.status, error.to_json())
+
+    def _check_token(self) -> None:
+        token = self.server.config.token
+        if token is None:
+            return
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise AgentError(HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong bearer token")
+
+    # --- request bodies -----------------------------------------------------------------------
+
+    def _announced_length(self) -> int:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return -1
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return 0
+        try:
+            return max(int(raw), 0)
+        except ValueError:
+            return 0
+
+    def _note_body_left(self, left: int) -> None:
+        self._body_left = left
+
+    def _body(self) -> LimitedReader | ChunkedReader:
+        """The request body as a stream, whether sent with Content-Length or chunked."""
+        if self._body_left == -1:
+            self._body_left = 0
+            return ChunkedReader(self.rfile)
+        return LimitedReader(self.rfile, self._body_left, self._note_body_left)
+
+    def _json_body(self) -> JsonObject:
+        if self._body_left > MAX_JSON_BODY:
+            raise AgentError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                "body_too_large",
+                f"JSON bodies are capped at {MAX_JSON_BODY} bytes",
+            )
+        raw = self._body().read()
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise bad_request("the request body is not valid JSON", code="bad_json") from None
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object", code="bad_json")
+        return body
+
+    # --- responses ----------------------------------------------------------------------------
+
+    def _send_json(self, status: HTTPStatus, body: object) -> None:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        self._send_bytes(status, "application/json", payload)
+
+    def _send_bytes(self, status: HTTPStatus, content_type: str, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self._headers_sent = True
+        self.wfile.write(payload)
+
+    def _start_chunked(self, content_type: str) -> ChunkedWriter:
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._headers_sent = True
+        return ChunkedWriter(self.wfile)
+
+    # --- routes -------------------------------------------------------------------------------
+
+    def health(self, _: re.Match[str]) -> None:
+        """Liveness: the process serves HTTP."""
+        self._send_json(
+            HTTPStatus.OK,
+            {
+                "status": "ok",
+                "version": AGENT_VERSION,
+                "uptime_s": round(time.monotonic() - self.server.started_at, 3),
+                "root": str(self.server.workspace.root),
+                "uid": os.getuid(),
+                "pid": os.getpid(),
+            },
+        )
+
+    def ready(self, _: re.Match[str]) -> None:
+        """Readiness: a real command went through the exec path and exited 0."""
+        spec = process.ExecSpec(
+            argv=["true"],
+            cwd=self.server.workspace.root,
+            env=self.server.base_env,
+            stdin=b"",
+            timeout_s=DEFAULT_READY_TIMEOUT_S,
+            max_output_bytes=4096,
+            encoding="utf-8",
+        )
+        result = process.run(spec)
+        ok = result.exit_code == 0
+        self._send_json(
+            HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,
+            {"ready": ok, "exec_s": round(result.duration_s, 6), "exit_code": result.exit_code},
+        )
+
+    def exec(self, _: re.Match[str]) -> None:
+        """Run a command to completion and return its captured output."""
+        spec = self._exec_spec(self._json_body())
+        result = process.run(spec)
+        self._send_json(HTTPStatus.OK, _exec_response(result, spec.encoding))
+
+    def exec_stream(self, _: re.Match[str]) -> None:
+        """Run a command and stream its output as NDJSON events while it runs."""
+        spec = self._exec_spec(self._json_body())
+        decoders = {name: process.TextDecoder(spec.encoding) for name in ("stdout", "stderr")}
+        writer: list[ChunkedWriter] = []
+
+        def on_start(proc: object) -> None:
+            writer.append(self._start_chunked("application/x-ndjson"))
+            writer[0].event({"event": "start", "pid": getattr(proc, "pid", None)})
+
+        def sink(stream: str, chunk: bytes) -> None:
+            text = decoders[stream].decode(chunk)
+            if text:
+                writer[0].event({"event": stream, "data": text})
+
+        result = process.run(spec, sink, on_start=on_start)
+        for stream, decoder in decoders.items():
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                writer[0].event({"event": stream, "data": tail})
+        writer[0].event({"event": "exit", **result.summary()})
+        writer[0].close()
+
+    def job_start(self, _: re.Match[str]) -> None:
+        """Start a background job."""
+        spec = self._exec_spec(
+            self._json_body(), default_timeout_s=None, default_output=jobs.DEFAULT_JOB_OUTPUT_BYTES
+        )
+        job = self.server.jobs.start(spec)
+        self._send_json(HTTPStatus.CREATED, job.status())
+
+    def job_list(self, _: re.Match[str]) -> None:
+        """List the jobs the agent remembers."""
+        self._send_json(HTTPStatus.OK, {"jobs": [job.status() for job in self.server.jobs.all()]})
+
+    def job_status(self, match: re.Match[str]) -> None:
+        """One job's status."""
+        self._send_json(HTTPStatus.OK, self.server.jobs.get(match["job"]).status())
+
+    def job_wait(self, match: re.Match[str]) -> None:
+        """Wait (up to timeout_s) for a job to finish, then return its status."""
+        job = self.server.jobs.get(match["job"])
+        timeout = query_int(self.query, "timeout_s", default=30, minimum=0, maximum=3600)
+        job.finished.wait(timeout)
+        self._send_json(HTTPStatus.OK, job.status())
+
+    def job_output(self, match: re.Match[str]) -> None:
+        """A slice of a job's output: from `offset`, or the last `tail` bytes."""
+        job = self.server.jobs.get(match["job"])
+        stream = self.query.get("stream", "stdout")
+        if stream not in {"stdout", "stderr"}:
+            raise bad_request("'stream' must be stdout or stderr")
+        max_bytes = query_int(self.query, "max_bytes", default=1 << 20, minimum=0, maximum=MAX_READ_CHUNK)
+        tail = query_int(self.query, "tail", default=-1, minimum=-1, maximum=MAX_READ_CHUNK)
+        offset = (
+            -tail if tail >= 0 else query_int(self.query, "offset", default=0, minimum=0, maximum=1 << 40)
+        )
+        encoding = self.query.get("encoding", "utf-8")
+        if encoding not in {"utf-8", "base64"}:
+            raise bad_request("'encoding' must be utf-8 or base64")
+        data, start, size = job.read(stream, offset, max_bytes)
+        self._send_json(
+            HTTPStatus.OK,
+            {
+                "job_id": job.job_id,
+                "stream": stream,
+                "data": process.render_output(data, encoding),
+                "encoding": encoding,
+                "offset": start,
+                "next_offset": start + len(data),
+                "size": size,
+                "running": not job.finished.is_set(),
+            },
+        )
+
+    def job_kill(self, match: re.Match[str]) -> None:
+        """Kill a job's process group."""
+        self._send_json(HTTPStatus.OK, self.server.jobs.kill(match["job"]).status())
+
+    def job_delete(self, match: re.Match[str]) -> None:
+        """Kill a job if needed and forget it."""
+        self.server.jobs.remove(match["job"])
+        self._send_json(HTTPStatus.OK, {"job_id": match["job"], "deleted": True})
+
+    def file_read(self, _: re.Match[str]) -> None:
+        """Stream a file's bytes out."""
+        handle, size = files.open_for_read(self.server.workspace, required_query(self.query, "path"))
+        with handle:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            self._headers_sent = True
+            files.copy_stream(handle, self.wfile, size)
+
+    def file_write(self, _: re.Match[str]) -> None:
+        """Write the request body to a file."""
+        mode_text = self.query.get("mode")
+        try:
+            mode = int(mode_text, 8) if mode_text else None
+        except ValueError:
+            raise bad_request("'mode' must be octal, like 0644") from None
+        if mode is not None and not 0 <= mode <= 0o7777:
+            raise bad_request("'mode' must be between 0000 and 7777")
+        length = None if self._body_left == -1 else self._body_left
+        body = self._body()
+        written = files.write_file(
+            self.server.workspace, required_query(self.query, "path"), body, length, mode
+        )
+        self._body_left = 0
+        self._send_json(HTTPStatus.OK, written)
+
+    def file_delete(self, _: re.Match[str]) -> None:
+        """Delete a file or (recursive=1) a tree."""
+        path = required_query(self.query, "path")
+        self._send_json(
+            HTTPStatus.OK, files.delete(self.server.workspace, path, query_flag(self.query, "recursive"))
+        )
+
+    def file_list(self, _: re.Match[str]) -> None:
+        """List a directory."""
+        listing = files.list_dir(
+            self.server.workspace, self.query.get("path", ""), query_flag(self.query, "recursive")
+        )
+        self._send_json(HTTPStatus.OK, listing)
+
+    def file_stat(self, _: re.Match[str]) -> None:
+        """Describe one path."""
+        self._send_json(
+            HTTPStatus.OK, files.stat_path(self.server.workspace, required_query(self.query, "path"))
+        )
+
+    def archive_download(self, _: re.Match[str]) -> None:
+        """Stream a tar of a tree out."""
+        workspace = self.server.workspace
+        path = self.query.get("path", "")
+        if not os.path.lexists(workspace.resolve(path)):
+            raise not_found(f"no such file or directory: {path!r}", code="file_not_found")
+        gzip = query_flag(self.query, "gzip")
+        writer = self._start_chunked("application/gzip" if gzip else "application/x-tar")
+        files.write_archive(workspace, path, writer, gzip)
+        writer.close()
+
+    def archive_upload(self, _: re.Match[str]) -> None:
+        """Unpack a tar body into a directory."""
+        body = self._body()
+        report = files.extract_archive(self.server.workspace, self.query.get("path", ""), body)
+        if isinstance(body, LimitedReader):
+            body.drain()
+        self._send_json(HTTPStatus.OK, report)
+
+    def evaluate(self, _: re.Match[str]) -> None:
+        """Apply a patch, run the tests, and return a reward."""
+        server = self.server
+        report = evaluate(self._json_body(), server.workspace, server.base_env, server.config.logs_dir)
+        self._send_json(HTTPStatus.OK, report)
+
+    def _exec_spec(
+        self,
+        body: JsonObject,
+        *,
+        default_timeout_s: float | None = process.DEFAULT_TIMEOUT_S,
+        default_output: int = process.DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> process.ExecSpec:
+        return process.parse_exec_spec(
+            body,
+            self.server.workspace,
+            self.server.base_env,
+            default_timeout_s=default_timeout_s,
+            default_max_output_bytes=default_output,
+        )
+
+
+def _os_message(error: OSError) -> str:
+    where = f": {error.filename}" if error.filename else ""
+    return f"{error.strerror or error}{where}"
+
+
+def _exec_response(result: process.ExecResult, encoding: str) -> JsonObject:
+    body: JsonObject = {**result.summary(), "encoding": encoding}
+    for stream, data in (("stdout", result.stdout), ("stderr", result.stderr)):
+        body[stream] = process.render_output(data, encoding)
+        if encoding == "utf-8":
+            body[f"{stream}_binary"] = not _is_utf8(data)
+    return body
+
+
+def _is_utf8(data: bytearray) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
+    ("GET", re.compile(r"/v1/health"), AgentHandler.health),
+    ("GET", re.compile(r"/v1/ready"), AgentHandler.ready),
+    ("POST", re.compile(r"/v1/exec"), AgentHandler.exec),
+    ("POST", re.compile(r"/v1/exec/stream"), AgentHandler.exec_stream),
+    ("POST", re.compile(r"/v1/jobs"), AgentHandler.job_start),
+    ("GET", re.compile(r"/v1/jobs"), AgentHandler.job_list),
+    ("GET", re.compile(r"/v1/jobs/(?P<job>[0-9a-f]+)"), AgentHandler.job_status),
+    ("GET", re.compile(r"/v1/jobs/(?P<job>[0-9a-f]+)/wait"), AgentHandler.job_wait),
+    ("GET", re.compile(r"/v1/jobs/(?P<job>[0-9a-f]+)/output"), AgentHandler.job_output),
+    ("POST", re.compile(r"/v1/jobs/(?P<job>[0-9a-f]+)/kill"), AgentHandler.job_kill),
+    ("DELETE", re.compile(r"/v1/jobs/(?P<job>[0-9a-f]+)"), AgentHandler.job_delete),
+    ("GET", re.compile(r"/v1/files"), AgentHandler.file_read),
+    ("PUT", re.compile(r"/v1/files"), AgentHandler.file_write),
+    ("DELETE", re.compile(r"/v1/files"), AgentHandler.file_delete),
+    ("GET", re.compile(r"/v1/files/list"), AgentHandler.file_list),
+    ("GET", re.compile(r"/v1/files/stat"), AgentHandler.file_stat),
+    ("GET", re.compile(r"/v1/files/archive"), AgentHandler.archive_download),
+    ("PUT", re.compile(r"/v1/files/archive"), AgentHandler.archive_upload),
+    ("POST", re.compile(r"/v1/evaluate"), AgentHandler.evaluate),
+]
+
+
+def _find_route(method: str, path: str) -> tuple[Route, re.Match[str]]:
+    path_matched = False
+    for route_method, pattern, route in _ROUTES:
+        match = pattern.fullmatch(path)
+        if match is None:
+            continue
+        path_matched = True
+        if route_method == method:
+            return route, match
+    if path_matched:
+        raise AgentError(
+            HTTPStatus.METHOD_NOT_ALLOWED, "method_not_allowed", f"{method} is not allowed on {path}"
+        )
+    raise not_found(f"no route {path}", code="no_route")

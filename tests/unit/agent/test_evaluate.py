@@ -1,0 +1,153 @@
+"""Evaluate through the agent: patch, tests, reward (exit code or Harbor reward file), per-test results."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandfleet_agent.evaluate import parse_junit, parse_pytest_output, read_reward
+from tests.unit.agent.conftest import Agent
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+PATCH = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+TEST_SCRIPT = "python3 -c 'import calc; assert calc.add(2, 3) == 5'"
+
+
+def _repo(root: Path) -> None:
+    (root / "calc.py").write_text(BUGGY)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+
+
+def test_patch_fixes_the_bug_and_earns_the_reward(agent: Agent) -> None:
+    _repo(agent.root)
+    before = agent.client.post("/v1/evaluate", json={"shell": TEST_SCRIPT}).json()
+    assert before["reward"] == 0.0
+    assert before["reward_source"] == "exit_code"
+    after = agent.client.post("/v1/evaluate", json={"patch": PATCH, "shell": TEST_SCRIPT}).json()
+    assert after["patch"] == {"applied": True, "files": ["calc.py"]}
+    assert after["reward"] == 1.0
+    assert after["exec"]["exit_code"] == 0
+    assert set(after["durations"]) == {"patch_s", "tests_s", "total_s"}
+    assert "return a + b" in (agent.root / "calc.py").read_text()
+
+
+def test_patch_applies_outside_a_git_repository(agent: Agent) -> None:
+    (agent.root / "calc.py").write_text(BUGGY)
+    result = agent.client.post("/v1/evaluate", json={"patch": PATCH, "shell": TEST_SCRIPT}).json()
+    assert result["reward"] == 1.0
+
+
+def test_bad_patch_is_refused_and_leaves_the_tree_alone(agent: Agent) -> None:
+    _repo(agent.root)
+    wrong = PATCH.replace("return a - b", "return a * b")
+    response = agent.client.post("/v1/evaluate", json={"patch": wrong, "shell": "true"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "bad_patch"
+    assert "calc.py" in error["message"]
+    assert (agent.root / "calc.py").read_text() == BUGGY
+    garbage = agent.client.post("/v1/evaluate", json={"patch": "this is not a diff", "shell": "true"})
+    assert garbage.status_code == 422
+    assert garbage.json()["error"]["code"] == "bad_patch"
+
+
+def test_harbor_convention_reward_file_wins_over_exit_code(agent: Agent) -> None:
+    tests = agent.root / "tests"
+    tests.mkdir()
+    (tests / "test.sh").write_text('echo 0.25 > "$SANDFLEET_VERIFIER_DIR/reward.txt"\nexit 1\n')
+    result = agent.client.post("/v1/evaluate", json={}).json()
+    assert result["reward"] == 0.25
+    assert result["reward_source"] == "reward_file"
+    assert result["exec"]["argv"] == ["bash", "tests/test.sh"]
+    assert (agent.logs / "verifier" / "reward.txt").read_text().strip() == "0.25"
+
+
+def test_stale_reward_is_cleared_before_the_run(agent: Agent) -> None:
+    verifier = agent.logs / "verifier"
+    verifier.mkdir(parents=True)
+    (verifier / "reward.txt").write_text("1.0")
+    result = agent.client.post("/v1/evaluate", json={"shell": "exit 1"}).json()
+    assert result["reward"] == 0.0
+    assert result["reward_source"] == "exit_code"
+
+
+def test_no_test_command_is_a_clear_error(agent: Agent) -> None:
+    response = agent.client.post("/v1/evaluate", json={})
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "no_test_command"
+
+
+def test_per_test_results_from_pytest_output_and_junit(agent: Agent) -> None:
+    output = "tests/t.py::test_a PASSED\\ntests/t.py::test_b FAILED\\n"
+    result = agent.client.post("/v1/evaluate", json={"shell": f"printf '{output}'; exit 1"}).json()
+    assert result["tests"] == [
+        {"name": "tests/t.py::test_a", "outcome": "passed"},
+        {"name": "tests/t.py::test_b", "outcome": "failed"},
+    ]
+    assert result["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
+    junit = (
+        '<testsuite><testcase classname="m" name="ok" time="0.5"/>'
+        '<testcase classname="m" name="bad"><failure message="x"/></testcase></testsuite>'
+    )
+    (agent.root / "report.xml").write_text(junit)
+    from_junit = agent.client.post("/v1/evaluate", json={"shell": "true", "junit_xml": "report.xml"}).json()
+    assert from_junit["tests"] == [
+        {"name": "m::ok", "outcome": "passed", "duration_s": 0.5},
+        {"name": "m::bad", "outcome": "failed"},
+    ]
+
+
+def test_parse_pytest_summary_lines_override_verbose_lines() -> None:
+    text = (
+        "t.py::a PASSED\nt.py::b SKIPPED\n=== short test summary ===\nFAILED t.py::a - boom\nERROR t.py::c\n"
+    )
+    assert parse_pytest_output(text) == [
+        {"name": "t.py::a", "outcome": "failed"},
+        {"name": "t.py::b", "outcome": "skipped"},
+        {"name": "t.py::c", "outcome": "error"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "exit_code", "expected"),
+    [
+        ({}, 0, (1.0, "exit_code", None)),
+        ({}, 2, (0.0, "exit_code", None)),
+        ({"reward.txt": "0.75\n"}, 1, (0.75, "reward_file", None)),
+        ({"reward.json": '{"reward": 0.5, "tests": 3}'}, 1, (0.5, "reward_file", None)),
+        ({"reward.json": "0.3"}, 0, (0.3, "reward_file", None)),
+    ],
+)
+def test_read_reward(
+    tmp_path: Path, files: dict[str, str], exit_code: int, expected: tuple[float, str, None]
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert read_reward(tmp_path, exit_code) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("reward.txt", "lots"), ("reward.txt", "nan"), ("reward.json", "{")]
+)
+def test_unreadable_reward_gives_zero_and_says_why(tmp_path: Path, name: str, text: str) -> None:
+    (tmp_path / name).write_text(text)
+    reward, source, problem = read_reward(tmp_path, 0)
+    assert (reward, source) == (0.0, "reward_file")
+    assert problem
+
+
+def test_parse_junit_errors_and_skips(tmp_path: Path) -> None:
+    report = tmp_path / "r.xml"
+    report.write_text(
+        '<testsuites><testsuite><testcase name="e"><error/></testcase>'
+        '<testcase name="s"><skipped/></testcase></testsuite></testsuites>'
+    )
+    assert parse_junit(report) == [{"name": "e", "outcome": "error"}, {"name": "s", "outcome": "skipped"}]

@@ -1,0 +1,60 @@
+"""Reading an OCI image's config (entrypoint, env, user, workdir) from a layout on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.image import read_image_config
+from sandfleet.local.tools import ImageRef, image_ref_from_json
+
+
+def _blob(layout: Path, document: dict[str, object]) -> str:
+    data = json.dumps(document).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    return f"sha256:{digest}"
+
+
+def _image(tmp_path: Path, config: dict[str, object]) -> ImageRef:
+    config_digest = _blob(tmp_path, {"config": config})
+    manifest = _blob(tmp_path, {"config": {"digest": config_digest}, "layers": []})
+    return ImageRef(layout=tmp_path, tag="t", digest=manifest)
+
+
+def test_reads_entrypoint_env_user_and_workdir(tmp_path: Path) -> None:
+    image = _image(
+        tmp_path,
+        {
+            "Entrypoint": ["/usr/bin/python3", "-m", "sandfleet_agent"],
+            "Cmd": ["--port", "8000"],
+            "Env": ["PYTHONPATH=/opt/sandfleet/agent"],
+            "User": "1000:1000",
+            "WorkingDir": "/workspace",
+        },
+    )
+    config = read_image_config(image)
+    assert config.argv == ["/usr/bin/python3", "-m", "sandfleet_agent", "--port", "8000"]
+    assert (config.uid, config.gid, config.workdir) == (1000, 1000, "/workspace")
+    assert config.env == ["PYTHONPATH=/opt/sandfleet/agent"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [({"User": "1000"}, "no entrypoint"), ({"Entrypoint": ["x"], "User": "sandbox"}, "numeric")],
+)
+def test_unusable_configs_are_refused(tmp_path: Path, config: dict[str, object], message: str) -> None:
+    with pytest.raises(LocalRuntimeError, match=message):
+        read_image_config(_image(tmp_path, config))
+
+
+def test_missing_layout_and_bad_build_output(tmp_path: Path) -> None:
+    with pytest.raises(LocalRuntimeError, match="cannot read the config"):
+        read_image_config(ImageRef(layout=tmp_path, tag="t", digest="sha256:00"))
+    with pytest.raises(LocalRuntimeError, match="unexpected output"):
+        image_ref_from_json("image: something went wrong")
