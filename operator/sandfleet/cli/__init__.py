@@ -22,7 +22,12 @@ def version() -> None:
 
 def _register_commands() -> None:
     # Importing a command module adds its commands to `app`; each imports its heavy deps lazily.
-    from sandfleet.cli import client_commands, gateway_commands, operator_commands  # noqa: F401
+    from sandfleet.cli import (  # noqa: F401
+        client_commands,
+        gateway_commands,
+        operator_commands,
+        serve_commands,
+    )
 
 
 _register_commands()

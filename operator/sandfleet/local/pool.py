@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandfleet.core.warm_pool import PoolCounts, plan
@@ -34,6 +35,7 @@ class WarmPool:
         *,
         spec: SandboxSpec | None = None,
         max_parallel_creates: int = 2,
+        on_ready: Callable[[Sandbox], None] | None = None,
     ) -> None:
         if size < 0:
             raise ValueError("pool size must not be negative")
@@ -41,6 +43,7 @@ class WarmPool:
         self.spec = spec or SandboxSpec()
         self.size = size
         self.max_parallel_creates = max_parallel_creates
+        self.on_ready = on_ready  # told of each sandbox as it joins the ready set
         self.failures = 0
         self._ready: deque[Sandbox] = deque()
         self._creating: set[asyncio.Task[None]] = set()
@@ -75,6 +78,15 @@ class WarmPool:
         self._refill()
         sandbox = await self.runtime.create(self.spec)
         return Lease(sandbox=sandbox, warm=False, wait_s=time.monotonic() - started)
+
+    def take(self, sandbox: Sandbox) -> bool:
+        """Take this ready sandbox out of the pool (False if it is no longer there); refills."""
+        try:
+            self._ready.remove(sandbox)
+        except ValueError:
+            return False
+        self._refill()
+        return True
 
     def release(self, lease: Lease) -> None:
         """Give a sandbox back: it is destroyed (never reused) off the critical path."""
@@ -136,6 +148,8 @@ class WarmPool:
                 self.runtime.release(sandbox)
             else:
                 self._ready.append(sandbox)
+                if self.on_ready is not None:
+                    self.on_ready(sandbox)
         finally:
             if task is not None:
                 self._creating.discard(task)

@@ -1,0 +1,65 @@
+"""`sandfleet serve --local`: the embedded default, a gateway over gVisor sandboxes on this host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sandfleet.cli import app
+
+
+@app.command()
+def serve(
+    local: Annotated[
+        bool, typer.Option("--local", help="Local gVisor sandboxes (the only runtime serve has).")
+    ] = True,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    pool: Annotated[str, typer.Option(help="Name of the local pool.")] = "default",
+    warm: Annotated[int, typer.Option(min=0, max=64, help="Sandboxes kept warm.")] = 2,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="Static tokens, lines `TOKEN NAME [POOLS]`; none means no auth."),
+    ] = None,
+) -> None:
+    """Serve leases on local gVisor sandboxes (root, no cluster): same API as `sandfleet gateway`."""
+    import asyncio
+
+    import uvicorn
+    from rich.console import Console
+
+    from sandfleet.gateway.app import Runtime, create_app
+    from sandfleet.gateway.auth import Authenticator, parse_token_file
+    from sandfleet.gateway.local import LocalBackend
+    from sandfleet.local.errors import LocalRuntimeError
+    from sandfleet.local.runtime import LocalRuntime
+    from sandfleet.local.tools import ensure_base_image, ensure_runsc
+
+    console = Console(stderr=True)
+    if not local:
+        raise typer.BadParameter("serve has only the local runtime; use `sandfleet gateway` for Kubernetes")
+    if token_file is None and host not in ("127.0.0.1", "localhost", "::1"):
+        raise typer.BadParameter("without --token-file, serve only listens on loopback")
+    try:
+        with console.status("building (or finding) runsc and the sandbox image..."):
+            runsc = asyncio.run(ensure_runsc())
+            image = asyncio.run(ensure_base_image())
+    except LocalRuntimeError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    backend = LocalBackend(LocalRuntime(image, runsc), pool, image.tag, warm)
+    authenticator = Authenticator(
+        static_tokens=parse_token_file(token_file.read_text()) if token_file else {},
+        anonymous_allowed=token_file is None,
+    )
+    runtime = Runtime(
+        backend=backend,
+        authenticator=authenticator,
+        ready=backend.ready,
+        start=backend.start,
+        stop=backend.stop,
+    )
+    console.print(f"sandfleet: serving pool {pool!r} ({warm} warm) on http://{host}:{port}")
+    uvicorn.run(create_app(runtime), host=host, port=port, log_level="warning", access_log=False)

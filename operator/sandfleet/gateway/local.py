@@ -1,0 +1,183 @@
+"""The embedded default: a Backend over local gVisor sandboxes (no cluster), for `sandfleet serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+
+from sandfleet.core import api
+from sandfleet.core.leases import Lease, LeaseError
+from sandfleet.core.model import image_key
+from sandfleet.core.sandboxes import Sandbox
+from sandfleet.gateway.backend import PoolInfo
+from sandfleet.local.pool import WarmPool
+from sandfleet.local.runtime import LocalRuntime
+from sandfleet.local.runtime import Sandbox as LocalSandbox
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "local"
+REGION = "local"
+ENDED_MEMORY = 10_000  # ended leases remembered, so late calls get 410 rather than 404
+
+
+class LocalBackend:
+    """One pool of warm gVisor sandboxes on this host; leases are in memory (sandboxes die with us).
+
+    Everything runs on one event loop, so a claim is atomic by construction; resource versions
+    still guard it, so the lease service treats both runtimes the same way.
+    """
+
+    def __init__(
+        self,
+        runtime: LocalRuntime,
+        pool_name: str,
+        image: str,
+        warm: int,
+        default_ttl_seconds: int = 900,
+        max_ttl_seconds: int = 14400,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runtime = runtime
+        self.info = PoolInfo(NAMESPACE, pool_name, default_ttl_seconds, max_ttl_seconds, (REGION,), image)
+        self.base_warm = warm
+        self.clock = clock
+        self.warm_pool = WarmPool(runtime, warm, on_ready=self._on_ready)
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._local: dict[str, LocalSandbox] = {}
+        self._ended: OrderedDict[str, Sandbox] = OrderedDict()
+        self._listeners: list[Callable[[Sandbox], None]] = []
+        self._versions = itertools.count(1)
+        self._reaper: asyncio.Task[None] | None = None
+        self._prefetch_reset: asyncio.TimerHandle | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.runtime.start()
+        self.warm_pool.start()
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.warm_pool.close()
+        await self.runtime.close()
+
+    def ready(self) -> bool:
+        return self.warm_pool.ready_count > 0 or self.base_warm == 0
+
+    # -- Backend: reads ------------------------------------------------------------------------
+
+    def pool(self, name: str) -> PoolInfo | None:
+        return self.info if name == self.info.name else None
+
+    def pools(self) -> list[PoolInfo]:
+        return [self.info]
+
+    def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
+        if pool not in (None, self.info.name):
+            return []
+        return list(self._sandboxes.values())
+
+    def sandbox(self, lease_id: str) -> Sandbox | None:
+        return self._sandboxes.get(lease_id) or self._ended.get(lease_id)
+
+    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+        self._listeners.append(on_change)
+
+    async def fresh(self, lease_id: str) -> Sandbox | None:
+        return self.sandbox(lease_id)
+
+    # -- Backend: writes -----------------------------------------------------------------------
+
+    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+        current = self._sandboxes.get(sandbox.key)
+        if current is None or current.resource_version != sandbox.resource_version:
+            return None
+        if not self.warm_pool.take(self._local[sandbox.key]):
+            return None
+        return self._store(replace(current, state=api.LEASE_LEASED, lease=lease))
+
+    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+        current = self._sandboxes.get(sandbox.key)
+        if current is None or current.resource_version != sandbox.resource_version:
+            return None
+        return self._store(replace(current, lease=lease))
+
+    async def release(self, sandbox: Sandbox) -> None:
+        self._end(sandbox.key, api.LEASE_RELEASED)
+
+    def _end(self, key: str, state: str) -> None:
+        """Forget a sandbox (remembering how its lease ended) and destroy it in the background."""
+        current = self._sandboxes.pop(key, None)
+        local = self._local.pop(key, None)
+        if current is None or local is None:
+            return
+        ended = replace(current, state=state, resource_version=str(next(self._versions)))
+        self._ended[key] = ended
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+        self.runtime.release(local)  # torn down in the background, never reused
+
+    async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
+        """Grow the warm pool to `count` for `ttl_seconds` (one image here: the runtime's own)."""
+        if image_key(image) != image_key(self.info.image):
+            raise LeaseError(
+                f"the local runtime runs one image ({self.info.image}); build task images into it"
+            )
+        self.warm_pool.resize(max(self.base_warm, count))
+        if self._prefetch_reset is not None:
+            self._prefetch_reset.cancel()
+        self._prefetch_reset = asyncio.get_running_loop().call_later(
+            ttl_seconds, self.warm_pool.resize, self.base_warm
+        )
+        return f"{pool}:{count}"
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _on_ready(self, local: LocalSandbox) -> None:
+        key = f"{NAMESPACE}.{local.id}"
+        self._local[key] = local
+        self._store(
+            Sandbox(
+                namespace=NAMESPACE,
+                name=local.id,
+                pool=self.info.name,
+                region=REGION,
+                resource_version="0",
+                state=api.LEASE_FREE,
+                ready=True,
+                terminating=False,
+                address=local.address,
+                port=local.port,
+                lease=None,
+                created_at=self.clock(),
+                image_key=image_key(self.info.image),
+            )
+        )
+
+    def _store(self, sandbox: Sandbox) -> Sandbox:
+        stored = replace(sandbox, resource_version=str(next(self._versions)))
+        self._sandboxes[stored.key] = stored
+        for listener in self._listeners:
+            listener(stored)
+        return stored
+
+    async def _reap_forever(self) -> None:
+        """Destroy sandboxes whose lease expired: an expired lease's sandbox is never handed out."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = self.clock()
+            for sandbox in list(self._sandboxes.values()):
+                if sandbox.lease is not None and sandbox.lease.expired(now):
+                    log.info("lease %s expired; destroying its sandbox", sandbox.key)
+                    self._end(sandbox.key, sandbox.state)  # stays "leased": callers hear "expired"

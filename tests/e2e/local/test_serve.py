@@ -1,0 +1,115 @@
+"""`sandfleet serve --local`: the same client and API over real gVisor sandboxes, no cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandfleet.client import AsyncFleet, Fleet, LeaseEnded
+from sandfleet.local.tools import ImageRef
+from tests.support.kube import wait_until
+
+pytestmark = pytest.mark.gvisor
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def gateway(runsc: Path, base_image: ImageRef, tmp_path: Path) -> Iterator[str]:
+    """A real `sandfleet serve --local` process with 2 warm sandboxes; stopped (and its sandboxes
+    destroyed) after the test."""
+    sandboxes_before = runsc_sandboxes()
+    port = free_port()
+    tokens = tmp_path / "tokens"
+    tokens.write_text("local-token actor-0\n")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port),
+             "--warm", "2", "--pool", "python", "--token-file", str(tokens)],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited:\n{log.read_text()}")
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, timeout=120, what="sandfleet serve to have a warm sandbox")
+    assert runsc_sandboxes() > sandboxes_before
+    yield url
+    process.terminate()
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells the signal.
+    assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+    assert runsc_sandboxes() == sandboxes_before, "serve left gVisor sandboxes behind"
+
+
+def runsc_sandboxes() -> int:
+    """gVisor sandbox processes on this host (leaks show as processes, not in `runsc list`)."""
+    count = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"runsc-sandbox"):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def test_lease_exec_files_release_in_gvisor(gateway: str) -> None:
+    with Fleet(gateway, token="local-token") as fleet:
+        with fleet.lease("python", labels={"run": "local"}) as sandbox:
+            kernel = sandbox.exec(["sh", "-c", "dmesg | head -1"])
+            assert "gVisor" in kernel.stdout
+            assert sandbox.exec(["id", "-u"]).stdout.strip() != "0"
+            sandbox.write_file("a.txt", "hello")
+            assert sandbox.read_file("a.txt") == b"hello"
+            result = sandbox.exec("echo $EPISODE", env={"EPISODE": "9"})
+            assert result.stdout == "9\n"
+            lease_id = sandbox.lease.id
+        with pytest.raises(LeaseEnded, match="released"):
+            fleet.renew(lease_id)
+        # The pool refills behind the lease: the next one is warm again.
+        again = fleet.acquire("python", wait_seconds=60)[0]
+        assert again.id != lease_id
+        fleet.release(again.id)
+
+
+def test_group_and_expiry(gateway: str) -> None:
+    async def scenario() -> None:
+        async with AsyncFleet(gateway, token="local-token") as fleet:
+            async with fleet.group("python", 2, wait_seconds=60) as sandboxes:
+                outs = await asyncio.gather(*(s.exec(["hostname"]) for s in sandboxes))
+                assert all(o.ok for o in outs)
+                assert len({s.lease.sandbox for s in sandboxes}) == 2
+            (short,) = await fleet.acquire("python", ttl_seconds=1, wait_seconds=60)
+            await asyncio.sleep(2.5)  # the reaper runs every second
+            with pytest.raises(LeaseEnded, match="expired"):
+                await fleet.renew(short.id)
+
+    asyncio.run(scenario())
+
+
+def test_unknown_token_and_pool(gateway: str) -> None:
+    with httpx.Client(base_url=gateway) as client:
+        assert client.get("/v1/pools").status_code == 401
+        denied = client.post(
+            "/v1/leases", json={"pool": "nope"}, headers={"Authorization": "Bearer local-token"}
+        )
+        assert denied.status_code == 404
