@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test bootstrap lint unit cluster-up cluster-down
+.PHONY: test demo bootstrap lint unit cluster-up cluster-down
 
 # The README's test command: bootstrap, build the local cluster, lint, then every test.
 test: bootstrap
@@ -12,6 +12,10 @@ test: bootstrap
 	sandbox_image/build
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest tests
+
+# The README's main job: the embedded default (local gVisor sandboxes behind the gateway).
+demo: bootstrap
+	hack/demo
 
 bootstrap:
 	hack/bootstrap
