@@ -1,0 +1,32 @@
+"""The gateway benchmark runs in its short mode in CI (on a cluster of its own) and reports figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+
+
+def test_gateway_leases_short() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "gateway_leases.py"), "--short"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["warm_lease_burst_size"] == 100
+    assert 0 < report["warm_lease_burst_p50_ms"] <= report["warm_lease_burst_p99_ms"]
+    assert report["lease_release_cycles_per_s"] > 0
+    assert 0 < report["exec_true_via_gateway_p50_ms"] <= report["exec_true_via_gateway_p99_ms"]
+    assert report["first_exec_from_warm_lease_p50_ms"] > 0
+    assert report["gateway_cpu_ms_per_lease"] > 0
+    assert report["apiserver_cpu_ms_per_lease"] > 0
