@@ -331,3 +331,39 @@ def test_prefetch_writes_a_prewarm_and_leases_by_image(pool: Pool, start_gateway
         unknown = client.post("/v1/leases", json={"image": "tasks/nothing:1"})
         assert unknown.status_code == 404
         assert "prefetch it" in unknown.json()["detail"]
+
+
+def test_gateway_killed_mid_burst_loses_nothing_and_retries_find_their_leases(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    pool.add_sandboxes(80)
+    doomed, survivor = start_gateway(), start_gateway()
+    keys = [f"episode-{i}" for i in range(60)]
+
+    async def burst_then_kill() -> list[httpx.Response | BaseException]:
+        async with httpx.AsyncClient(
+            base_url=doomed.url, headers={"Authorization": "Bearer actor-token"}, timeout=30
+        ) as client:
+            calls = [
+                asyncio.create_task(
+                    client.post("/v1/leases", json={"pool": "python", "idempotency_key": key})
+                )
+                for key in keys
+            ]
+            await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+            doomed.kill()  # SIGKILL while the other claims are in flight
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+    first_try = asyncio.run(burst_then_kill())
+    answered = {
+        key: r.json()["leases"][0]["id"]
+        for key, r in zip(keys, first_try, strict=True)
+        if isinstance(r, httpx.Response) and r.status_code == 201
+    }
+    assert answered, "the kill comes after the first answer"
+    # Every caller retries through the surviving gateway with the same idempotency key.
+    with survivor.client() as client:
+        retried = {key: acquire(client, idempotency_key=key).json()["leases"][0]["id"] for key in keys}
+    assert all(retried[key] == lease_id for key, lease_id in answered.items())
+    on_pods = {lease["idempotency_key"]: lease["id"] for lease in pool.leases_on_pods().values()}
+    assert on_pods == retried, "a lease was lost, duplicated, or granted twice for one key"

@@ -1,0 +1,215 @@
+"""Plumbing for the operator benchmarks: a cluster (shared or separate), kubectl, the operator process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = REPO / "hack" / "cluster"
+SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
+IMAGE = "sandfleet/sandbox:0.1.0"
+
+# A second cluster for runs that change the node count: its own state directory and ports, so the
+# shared test cluster is never touched.
+BENCH_CLUSTER_ENV = {
+    "SANDFLEET_CLUSTER_DIR": "/tmp/sandfleet-bench",
+    "SANDFLEET_APISERVER_PORT": "26443",
+    "SANDFLEET_ETCD_PORT": "33790",
+    "SANDFLEET_ETCD_PEER_PORT": "33800",
+    "SANDFLEET_CONTROLLER_MANAGER_PORT": "20257",
+    "SANDFLEET_SCHEDULER_PORT": "20259",
+    "SANDFLEET_KWOK_PORT": "20247",
+}
+
+
+def log(name: str, message: str) -> None:
+    print(f"[bench {name}] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    """A local cluster: the shared one (reused, never resized) or a separate one (made, then removed)."""
+
+    separate: bool
+    nodes: int = 12
+    env: dict[str, str] = field(default_factory=dict)
+    kubeconfig: Path = Path()
+    kubectl_bin: Path = Path()
+
+    def __post_init__(self) -> None:
+        self.env = {**os.environ, **(BENCH_CLUSTER_ENV if self.separate else {})}
+
+    def _hack(self, *args: str, timeout: float = 3600) -> str:
+        result = subprocess.run(
+            [str(CLUSTER), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"hack/cluster {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+        return result.stdout.strip()
+
+    def up(self) -> None:
+        if self.separate:
+            self._hack("up", "--nodes", str(self.nodes), "--gpu-nodes", "0")
+        else:
+            self._hack("up")
+        self.kubeconfig = Path(self._hack("kubeconfig"))
+        self.kubectl_bin = Path(self._hack("bin-dir")) / "kubectl"
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        self.apply(
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": "gvisor"},
+                "handler": "runsc",
+            }
+        )
+
+    def cleanup(self, namespace: str) -> None:
+        """Remove what the run made: the whole separate cluster, or the namespace on the shared one."""
+        if self.separate:
+            self._hack("down")
+            return
+        if namespace:
+            self.kubectl("delete", "namespace", namespace, "--wait=false")
+            # The shared cluster's Pod slots are everyone's: hand them back before returning.
+            wait(lambda: self.count_pods(namespace) == 0, 180, f"the Pods of {namespace} to go", interval=1.0)
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+        result = subprocess.run(
+            [str(self.kubectl_bin), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def apply(self, manifest: dict[str, Any], namespace: str | None = None) -> None:
+        ns = [f"--namespace={namespace}"] if namespace else []
+        self.kubectl(*ns, "apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def namespace(self, prefix: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        wait(
+            lambda: bool(self.kubectl("-n", name, "get", "serviceaccount", "-o", "name").strip()),
+            60,
+            "the default ServiceAccount",
+        )
+        return name
+
+    def count_pods(self, namespace: str) -> int:
+        return len(self.kubectl("-n", namespace, "get", "pods", "-o", "name").split())
+
+
+def wait(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.25) -> float:
+    """Poll until `condition` holds; returns when it did (monotonic seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return time.monotonic()
+        time.sleep(interval)
+    raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@dataclass
+class Operator:
+    """`sandfleet operator -n <namespace>` as a subprocess."""
+
+    cluster: Cluster
+    namespace: str
+    log_path: Path
+    metrics_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**self.cluster.env, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        with self.log_path.open("wb") as out:
+            self.process = subprocess.Popen(
+                [
+                    str(SANDFLEET),
+                    "operator",
+                    "-n",
+                    self.namespace,
+                    "--metrics-port",
+                    str(self.metrics_port),
+                    "--leader-lease-seconds",
+                    "5",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+            )
+        wait(
+            lambda: "acquired leadership" in self.log_path.read_text(errors="replace"),
+            60,
+            "the operator to take the leader lease",
+        )
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def memory_mb(self) -> tuple[float, float]:
+        """(RSS now, peak RSS) in MiB."""
+        values = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0]) / 1024
+        return values["VmRSS"], values["VmHWM"]
+
+
+def pool_manifest(name: str, replicas: int) -> dict[str, Any]:
+    regions = [{"name": r, "maxSandboxes": 100000} for r in ("us-east1", "europe-west4", "asia-southeast1")]
+    return {
+        "apiVersion": "sandfleet.dev/v1alpha1",
+        "kind": "SandboxPool",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "regions": regions,
+            "template": {"image": IMAGE, "imagePullPolicy": "Never", "readinessDeadlineSeconds": 600},
+        },
+    }
+
+
+def pool_ready(cluster: Cluster, namespace: str, name: str) -> int:
+    out = cluster.kubectl("-n", namespace, "get", "sandboxpool", name, "-o", "jsonpath={.status.ready}")
+    return int(out or 0)

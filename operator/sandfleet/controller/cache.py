@@ -1,0 +1,182 @@
+"""What the watches have shown: sandboxes per pool, node readiness and the capacity every Pod holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from statistics import median
+from typing import Any
+
+from sandfleet.core import api
+from sandfleet.core.model import Node, Sandbox
+from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, startup_phases
+from sandfleet.core.resources import Resources
+
+log = logging.getLogger(__name__)
+
+RECENT_STARTUPS = 64
+LEASE_HISTORY_SECONDS = 600.0
+
+
+class ClusterCache:
+    """Compact views of Pods and Nodes, fed by list+watch, with callbacks for what the pools care about.
+
+    Capacity (node usage, node readiness) is read on each pool's next pass rather than pushed: every
+    Pod event changes it, and waking every pool for each would be a storm.
+    """
+
+    def __init__(
+        self,
+        on_pool_change: Callable[[str], None],
+        on_started: Callable[[str, Sandbox, dict[str, float]], None] | None = None,
+        on_leased: Callable[[str], None] | None = None,
+    ) -> None:
+        self.sandboxes: dict[str, dict[str, Sandbox]] = {}
+        self.nodes: dict[str, Node] = {}
+        self.usage: dict[str, Resources] = {}
+        self.pods_synced = asyncio.Event()
+        self.nodes_synced = asyncio.Event()
+        self.startups: dict[str, deque[float]] = {}
+        self.lease_times: dict[str, deque[float]] = {}
+        self._pod_usage: dict[str, tuple[str, Resources]] = {}
+        self._pod_pool: dict[str, str] = {}
+        self._pods_listing: set[str] | None = None
+        self._nodes_listing: set[str] | None = None
+        self._on_pool_change = on_pool_change
+        self._on_started = on_started
+        self._on_leased = on_leased
+
+    # -- pods -----------------------------------------------------------------------------------------
+
+    def on_pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind == "SYNC":
+            self._pods_listing = set()
+            return
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if self._pods_listing is not None:
+            self._pods_listing.add(key)
+        if kind == "DELETED":
+            self._forget_pod(key)
+            return
+        try:
+            usage = pod_usage(pod)
+        except ValueError:  # someone else's Pod with a quantity we cannot read: it holds no capacity here
+            log.warning("cannot read the resource requests of pod %s", key)
+            usage = None
+        self._set_usage(key, usage)
+        sandbox = sandbox_from_pod(pod)
+        if sandbox is None:
+            return
+        pool_key = f"{meta.get('namespace')}/{(meta.get('labels') or {}).get(api.POOL_LABEL)}"
+        members = self.sandboxes.setdefault(pool_key, {})
+        previous = members.get(sandbox.name)
+        members[sandbox.name] = sandbox
+        self._pod_pool[key] = pool_key
+        # Spin-up is measured once per sandbox, when it turns Ready under our eyes (not on a relist).
+        if sandbox.ready and previous is not None and not previous.ready:
+            phases = startup_phases(pod)
+            if phases is not None:
+                self.startups.setdefault(pool_key, deque(maxlen=RECENT_STARTUPS)).append(phases["total"])
+                if self._on_started:
+                    self._on_started(pool_key, sandbox, phases)
+        if sandbox.leased and previous is not None and previous.free:
+            self.lease_times.setdefault(pool_key, deque()).append(time.time())
+            if self._on_leased:
+                self._on_leased(pool_key)
+        if previous is None or _differs(previous, sandbox):
+            self._on_pool_change(pool_key)
+
+    def pods_listed(self) -> None:
+        """The (re)list finished: drop whatever was not in it, and say the cache can be trusted."""
+        listed, self._pods_listing = self._pods_listing, None
+        if listed is not None:
+            for key in [k for k in self._pod_usage if k not in listed]:
+                self._forget_pod(key)
+            for key in [k for k in self._pod_pool if k not in listed]:
+                self._forget_pod(key)
+        self.pods_synced.set()
+
+    def _forget_pod(self, key: str) -> None:
+        self._set_usage(key, None)
+        pool_key = self._pod_pool.pop(key, None)
+        if pool_key is not None:
+            members = self.sandboxes.get(pool_key, {})
+            members.pop(key.partition("/")[2], None)
+            if not members:
+                self.sandboxes.pop(pool_key, None)
+            self._on_pool_change(pool_key)
+
+    def _set_usage(self, key: str, usage: tuple[str, Resources] | None) -> None:
+        old = self._pod_usage.pop(key, None) if usage is None else self._pod_usage.get(key)
+        if old == usage:
+            return
+        if old is not None:
+            node, amount = old
+            self.usage[node] = self.usage.get(node, Resources()) - amount
+        if usage is not None:
+            node, amount = usage
+            self.usage[node] = self.usage.get(node, Resources()) + amount
+            self._pod_usage[key] = usage
+
+    # -- nodes ----------------------------------------------------------------------------------------
+
+    def on_node_event(self, kind: str, body: dict[str, Any]) -> None:
+        if kind == "SYNC":
+            self._nodes_listing = set()
+            return
+        try:
+            node = node_from_object(body)
+        except ValueError:
+            log.warning(
+                "cannot read the allocatable resources of node %s", body.get("metadata", {}).get("name")
+            )
+            return
+        if self._nodes_listing is not None:
+            self._nodes_listing.add(node.name)
+        if kind == "DELETED":
+            self.nodes.pop(node.name, None)
+            return
+        self.nodes[node.name] = node
+
+    def nodes_listed(self) -> None:
+        listed, self._nodes_listing = self._nodes_listing, None
+        if listed is not None:
+            for name in [n for n in self.nodes if n not in listed]:
+                del self.nodes[name]
+        self.nodes_synced.set()
+
+    # -- queries --------------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.pods_synced.is_set() and self.nodes_synced.is_set()
+
+    def pool_sandboxes(self, pool_key: str) -> list[Sandbox]:
+        return list(self.sandboxes.get(pool_key, {}).values())
+
+    def spinup_seconds(self, pool_key: str) -> float | None:
+        recent = self.startups.get(pool_key)
+        return median(recent) if recent else None
+
+    def recent_leases(self, pool_key: str, now: float) -> list[float]:
+        times = self.lease_times.get(pool_key)
+        if not times:
+            return []
+        while times and times[0] < now - LEASE_HISTORY_SECONDS:
+            times.popleft()
+        return list(times)
+
+
+def _differs(a: Sandbox, b: Sandbox) -> bool:
+    return (a.ready, a.lease_state, a.node, a.deleting, a.broken, a.lease_expires_at) != (
+        b.ready,
+        b.lease_state,
+        b.node,
+        b.deleting,
+        b.broken,
+        b.lease_expires_at,
+    )

@@ -1,0 +1,364 @@
+"""The running operator: pool workers that plan (pure) and apply (via kube.py) while this replica leads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandfleet.controller import metrics
+from sandfleet.controller.cache import ClusterCache
+from sandfleet.controller.kube import Kube, KubeError
+from sandfleet.controller.leader import LeaderElector
+from sandfleet.core import api
+from sandfleet.core.autoscale import AutoscaleState, desired_replicas
+from sandfleet.core.model import PoolSpec, Prewarm, Sandbox, image_key, pool_from_object, prewarm_from_object
+from sandfleet.core.placement import region_capacity
+from sandfleet.core.planner import FAILURE_REASONS, Create, Delete, FailureState, Plan, WarmGroup, plan
+from sandfleet.core.pods import sandbox_pod
+from sandfleet.core.status import CAPACITY_LIMITED, DEGRADED, conditions, merge_conditions, pool_status
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "sandfleet-operator"
+TICK_SECONDS = 2.0  # re-plan this often even without events: leases expire and backoffs end on time
+DEBOUNCE_SECONDS = 0.05  # gather a burst of Pod events into one pass
+STATUS_INTERVAL_SECONDS = 1.0  # at most one status write per pool per interval while it fills
+EXPECTATION_SECONDS = 60.0  # a write not seen in the watch by then is presumed lost
+MAX_CREATES_PER_PASS = 500
+EVENT_CONDITIONS = frozenset({DEGRADED, CAPACITY_LIMITED})
+REJECTED_STATUSES = frozenset({400, 403, 422})
+CREATE_ERROR_EVENT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """Knobs of a running operator."""
+
+    namespaces: tuple[str, ...] = ()
+    leader_namespace: str = "default"
+    leader_name: str = "sandfleet-operator"
+    lease_seconds: float = 15.0
+    max_concurrent_writes: int = 64
+
+
+@dataclass
+class PoolWorker:
+    """One pool's memory between passes: what it just wrote, its failure streak and autoscale state."""
+
+    spec: PoolSpec
+    body: dict[str, Any]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    failures: FailureState = field(default_factory=FailureState)
+    autoscale: AutoscaleState = field(default_factory=AutoscaleState)
+    expected_creates: dict[str, Sandbox] = field(default_factory=dict)
+    expected_deletes: dict[str, float] = field(default_factory=dict)
+    last_status: dict[str, Any] | None = None
+    last_status_at: float = 0.0
+    last_create_error_event_at: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+
+class Fleet:
+    """All pools this operator keeps, the cluster cache that feeds them and the leader lease."""
+
+    def __init__(self, kube: Kube, identity: str, settings: FleetSettings) -> None:
+        self.kube = kube
+        self.identity = identity
+        self.settings = settings
+        self.workers: dict[str, PoolWorker] = {}
+        self.prewarms: dict[str, Prewarm] = {}
+        self.cache = ClusterCache(
+            on_pool_change=self._pool_changed,
+            on_started=self._sandbox_started,
+            on_leased=self._sandbox_leased,
+        )
+        self.elector = LeaderElector(
+            kube,
+            settings.leader_namespace,
+            settings.leader_name,
+            identity,
+            settings.lease_seconds,
+            renew_seconds=max(1.0, settings.lease_seconds / 3),
+        )
+        self._writes = asyncio.Semaphore(settings.max_concurrent_writes)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- life cycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        spawn = asyncio.get_running_loop().create_task
+        # Every Pod in the cluster, not only sandboxes: capacity is what all of them request. Every
+        # replica watches, so a standby takes over with a warm cache.
+        self._tasks.append(
+            spawn(self.kube.list_and_watch("/api/v1/pods", self.cache.on_pod_event, self.cache.pods_listed))
+        )
+        self._tasks.append(
+            spawn(
+                self.kube.list_and_watch("/api/v1/nodes", self.cache.on_node_event, self.cache.nodes_listed)
+            )
+        )
+        self._tasks.append(spawn(self.elector.run()))
+        self._tasks.append(spawn(self._follow_leadership()))
+
+    async def stop(self) -> None:
+        for worker in self.workers.values():
+            if worker.task:
+                worker.task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(
+            *[w.task for w in self.workers.values() if w.task], *self._tasks, return_exceptions=True
+        )
+        await self.elector.release()
+
+    async def _follow_leadership(self) -> None:
+        while True:
+            await self.elector.changed.wait()
+            self.elector.changed.clear()
+            for worker in self.workers.values():
+                # Whatever was written while another replica led, the status must be rewritten by us.
+                worker.last_status = None
+                worker.wake.set()
+
+    # -- pools and pre-warms (from the kopf handlers) -------------------------------------------------
+
+    def upsert_pool(self, body: Mapping[str, Any]) -> None:
+        spec = pool_from_object(body)
+        worker = self.workers.get(spec.key)
+        if worker is None:
+            worker = PoolWorker(spec=spec, body=dict(body))
+            self.workers[spec.key] = worker
+            worker.task = asyncio.get_running_loop().create_task(self._run_pool(worker))
+        else:
+            worker.spec, worker.body = spec, dict(body)
+        worker.wake.set()
+
+    def remove_pool(self, namespace: str, name: str) -> None:
+        worker = self.workers.pop(f"{namespace}/{name}", None)
+        if worker and worker.task:
+            worker.task.cancel()
+        for region in worker.spec.regions if worker else ():
+            for state in metrics.STATES:
+                with contextlib.suppress(KeyError):
+                    metrics.SANDBOXES.remove(name, region.name, state)
+            for gauge in (metrics.WARM_TARGET, metrics.REGION_CAPACITY):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name, region.name)
+
+    def upsert_prewarm(self, body: Mapping[str, Any]) -> None:
+        prewarm = prewarm_from_object(body, time.time())
+        self.prewarms[f"{prewarm.namespace}/{prewarm.name}"] = prewarm
+        self._pool_changed(f"{prewarm.namespace}/{prewarm.pool}")
+
+    def remove_prewarm(self, namespace: str, name: str) -> None:
+        prewarm = self.prewarms.pop(f"{namespace}/{name}", None)
+        if prewarm:
+            self._pool_changed(f"{namespace}/{prewarm.pool}")
+
+    # -- cache callbacks ------------------------------------------------------------------------------
+
+    def _pool_changed(self, pool_key: str) -> None:
+        worker = self.workers.get(pool_key)
+        if worker is not None:
+            worker.wake.set()
+
+    def _sandbox_started(self, pool_key: str, sandbox: Sandbox, phases: dict[str, float]) -> None:
+        pool = pool_key.partition("/")[2]
+        for phase, seconds in phases.items():
+            metrics.STARTUP_SECONDS.labels(pool, sandbox.region, phase).observe(seconds)
+
+    def _sandbox_leased(self, pool_key: str) -> None:
+        metrics.LEASES_OBSERVED.labels(pool_key.partition("/")[2]).inc()
+
+    # -- the pool loop --------------------------------------------------------------------------------
+
+    async def _run_pool(self, worker: PoolWorker) -> None:
+        retry_at: float | None = None
+        last_pass_seconds = 0.0
+        while True:
+            timeout = TICK_SECONDS
+            if retry_at is not None:
+                timeout = max(0.05, min(timeout, retry_at - time.time()))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(worker.wake.wait(), timeout)
+            # Gather a burst of events into one pass; a pass that took long waits as long again, so a
+            # huge pool never spends more than about half the CPU re-planning while Pods stream in.
+            await asyncio.sleep(max(DEBOUNCE_SECONDS, last_pass_seconds))
+            worker.wake.clear()
+            if not (self.elector.is_leader and self.cache.synced):
+                continue
+            started = time.perf_counter()
+            try:
+                retry_at = await self.reconcile(worker)
+                metrics.RECONCILES.labels("ok").inc()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                metrics.RECONCILES.labels("error").inc()
+                log.exception("reconciling %s failed; retrying", worker.spec.key)
+                retry_at = time.time() + 1.0
+            finally:
+                last_pass_seconds = time.perf_counter() - started
+                metrics.RECONCILE_SECONDS.observe(last_pass_seconds)
+
+    def _groups(self, worker: PoolWorker, now: float) -> list[WarmGroup]:
+        spec = worker.spec
+        target = spec.replicas
+        if spec.autoscaling.enabled:
+            target, worker.autoscale = desired_replicas(
+                spec.autoscaling,
+                self.cache.recent_leases(spec.key, now),
+                self.cache.spinup_seconds(spec.key),
+                worker.autoscale,
+                now,
+            )
+        groups = [WarmGroup(spec.template, target)]
+        wanted: dict[str, int] = {}
+        for prewarm in self.prewarms.values():
+            if prewarm.namespace == spec.namespace and prewarm.pool == spec.name and prewarm.expires_at > now:
+                wanted[prewarm.image] = wanted.get(prewarm.image, 0) + prewarm.count
+        for image, count in sorted(wanted.items()):
+            if image != spec.template.image:
+                groups.append(WarmGroup(spec.template.with_image(image), count, prewarm=True))
+        return groups
+
+    def _observed(self, worker: PoolWorker, now: float) -> list[Sandbox]:
+        """What the watch shows, corrected by our own writes it has not shown yet (expectations)."""
+        seen = {s.name: s for s in self.cache.pool_sandboxes(worker.spec.key)}
+        for name, sandbox in list(worker.expected_creates.items()):
+            if name in seen or sandbox.created_at < now - EXPECTATION_SECONDS:
+                del worker.expected_creates[name]
+        for name, at in list(worker.expected_deletes.items()):
+            gone = name not in seen or seen[name].deleting
+            if gone or at < now - EXPECTATION_SECONDS:
+                del worker.expected_deletes[name]
+        view = [s for name, s in seen.items() if name not in worker.expected_deletes]
+        return [*view, *worker.expected_creates.values()]
+
+    async def reconcile(self, worker: PoolWorker) -> float | None:
+        now = time.time()
+        spec = worker.spec
+        groups = self._groups(worker, now)
+        sandboxes = self._observed(worker, now)
+        unscheduled: dict[str, int] = {}
+        for sandbox in sandboxes:
+            if sandbox.node is None and not sandbox.deleting:
+                unscheduled[sandbox.region] = unscheduled.get(sandbox.region, 0) + 1
+        capacity = region_capacity(
+            self.cache.nodes.values(), self.cache.usage, spec.template, spec.regions, unscheduled
+        )
+        nodes_ready = {name: node.ready for name, node in self.cache.nodes.items()}
+        decided = plan(spec, groups, sandboxes, capacity, nodes_ready, worker.failures, now)
+        worker.failures = decided.failures
+        if decided.creates or decided.deletes:
+            log.info(
+                "%s: creating %d, deleting %d; targets %s",
+                spec.key,
+                min(len(decided.creates), MAX_CREATES_PER_PASS),
+                len(decided.deletes),
+                {r.name: r.target for r in decided.regions},
+            )
+        templates = {g.key: g for g in groups}
+        await asyncio.gather(
+            *(self._delete(worker, d) for d in decided.deletes),
+            *(
+                self._create(worker, c, templates[c.template_hash], now)
+                for c in decided.creates[:MAX_CREATES_PER_PASS]
+            ),
+        )
+        if len(decided.creates) > MAX_CREATES_PER_PASS:
+            worker.wake.set()
+        publish_at = await self._publish(worker, decided, now)
+        wakes = [t for t in (decided.retry_at, publish_at) if t is not None]
+        return min(wakes) if wakes else None
+
+    async def _create(self, worker: PoolWorker, create: Create, group: WarmGroup, now: float) -> None:
+        spec = worker.spec
+        name = f"{spec.name[:40]}-{secrets.token_hex(4)}"
+        sandbox = Sandbox(
+            name=name,
+            region=create.region,
+            zone=create.zone,
+            template_hash=create.template_hash,
+            lease_state=api.LEASE_FREE,
+            created_at=now,
+            prewarm=create.prewarm,
+            image_key=image_key(group.template.image),
+        )
+        manifest = sandbox_pod(
+            spec, group.template, name=name, region=create.region, zone=create.zone, prewarm=create.prewarm
+        )
+        # Counted as starting before the request leaves, so no later pass can create it twice.
+        worker.expected_creates[name] = sandbox
+        async with self._writes:
+            try:
+                await self.kube.create_pod(spec.namespace, manifest)
+                metrics.POD_OPERATIONS.labels("create", "warm", "ok").inc()
+            except (TimeoutError, KubeError, OSError) as error:
+                worker.expected_creates.pop(name, None)
+                metrics.POD_OPERATIONS.labels("create", "warm", "error").inc()
+                log.warning("creating a sandbox for %s failed: %s", spec.key, error)
+                if isinstance(error, KubeError) and error.status in REJECTED_STATUSES:
+                    # Rejected (invalid template, quota, admission): retrying at once would only storm.
+                    worker.failures = worker.failures.record(1, time.time())
+                    if time.time() - worker.last_create_error_event_at > CREATE_ERROR_EVENT_SECONDS:
+                        worker.last_create_error_event_at = time.time()
+                        await self._event(worker, "Warning", "CreateFailed", str(error))
+
+    async def _delete(self, worker: PoolWorker, delete: Delete) -> None:
+        worker.expected_deletes[delete.name] = time.time()
+        async with self._writes:
+            try:
+                await self.kube.delete_pod(worker.spec.namespace, delete.name, force=delete.force)
+                metrics.POD_OPERATIONS.labels("delete", delete.reason, "ok").inc()
+            except (TimeoutError, KubeError, OSError) as error:
+                worker.expected_deletes.pop(delete.name, None)
+                metrics.POD_OPERATIONS.labels("delete", delete.reason, "error").inc()
+                log.warning("deleting sandbox %s/%s failed: %s", worker.spec.namespace, delete.name, error)
+        if delete.reason in FAILURE_REASONS:
+            log.info("replaced sandbox %s/%s: %s", worker.spec.namespace, delete.name, delete.reason)
+
+    async def _publish(self, worker: PoolWorker, decided: Plan, now: float) -> float | None:
+        """Metrics and status; returns when to come back for a status write held back to batch a burst."""
+        spec = worker.spec
+        for region in decided.regions:
+            counts = {
+                "warm": region.ready,
+                "starting": region.starting,
+                "leased": region.leased,
+                "failed": region.failed,
+            }
+            for state, value in counts.items():
+                metrics.SANDBOXES.labels(spec.name, region.name, state).set(value)
+            metrics.WARM_TARGET.labels(spec.name, region.name).set(region.target)
+            metrics.REGION_CAPACITY.labels(spec.name, region.name).set(region.capacity)
+        previous = (worker.last_status or worker.body.get("status") or {}).get("conditions") or []
+        merged, transitions = merge_conditions(previous, conditions(spec, decided, now), now)
+        status = pool_status(spec, decided, merged)
+        if status == worker.last_status:
+            return None
+        if not transitions and now - worker.last_status_at < STATUS_INTERVAL_SECONDS:
+            return worker.last_status_at + STATUS_INTERVAL_SECONDS
+        await self.kube.patch_pool_status(spec.namespace, spec.name, status)
+        worker.last_status, worker.last_status_at = status, now
+        for change in transitions:
+            if change.type in EVENT_CONDITIONS:
+                kind = "Warning" if change.status == "True" else "Normal"
+                reason = change.reason if change.status == "True" else f"{change.type}Cleared"
+                await self._event(worker, kind, reason, change.message)
+        return None
+
+    async def _event(self, worker: PoolWorker, kind: str, reason: str, message: str) -> None:
+        meta = worker.body.get("metadata", {})
+        involved = {
+            "namespace": worker.spec.namespace,
+            "name": worker.spec.name,
+            "uid": str(meta.get("uid", "")),
+        }
+        await self.kube.post_event(involved, kind, reason, message, COMPONENT)

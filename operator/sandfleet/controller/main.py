@@ -1,0 +1,64 @@
+"""`sandfleet operator`: build the Fleet and hand it to kopf, with kubeconfig or in-cluster config."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+
+import kopf
+from prometheus_client import start_http_server
+
+from sandfleet.controller import handlers  # noqa: F401  (registers the kopf handlers)
+from sandfleet.controller.fleet import Fleet, FleetSettings
+from sandfleet.controller.kube import Kube, connect
+
+
+def _leader_namespace(namespaces: Sequence[str]) -> str:
+    explicit = os.environ.get("SANDFLEET_LEADER_NAMESPACE") or os.environ.get("POD_NAMESPACE")
+    if explicit:
+        return explicit
+    return namespaces[0] if namespaces else "default"
+
+
+def run(
+    namespaces: Sequence[str] = (),
+    metrics_port: int | None = None,
+    lease_seconds: float | None = None,
+    liveness_endpoint: str | None = None,
+) -> None:
+    """Run the operator until SIGINT/SIGTERM; watch `namespaces`, or every namespace when empty."""
+    logging.basicConfig(
+        level=os.environ.get("SANDFLEET_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # kopf logs every handled event at INFO: thousands a minute at scale, none of them news.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    port = metrics_port if metrics_port is not None else int(os.environ.get("SANDFLEET_METRICS_PORT", "8080"))
+    if port:
+        start_http_server(port)
+    identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    settings = FleetSettings(
+        namespaces=tuple(namespaces),
+        leader_namespace=_leader_namespace(namespaces),
+        lease_seconds=lease_seconds or float(os.environ.get("SANDFLEET_LEADER_LEASE_SECONDS", "15")),
+    )
+    asyncio.run(_operate(settings, identity, liveness_endpoint))
+
+
+async def _operate(settings: FleetSettings, identity: str, liveness_endpoint: str | None) -> None:
+    kube = Kube(await connect())
+    fleet = Fleet(kube, identity, settings)
+    try:
+        await kopf.operator(
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            memo=kopf.Memo(fleet=fleet),
+            liveness_endpoint=liveness_endpoint,
+        )
+    finally:
+        await kube.close()

@@ -1,0 +1,40 @@
+"""The operator's Prometheus metrics (names from the product brief; base units; no sandbox names)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+STARTUP_SECONDS = Histogram(
+    "sandfleet_sandbox_startup_seconds",
+    "Sandbox spin-up by phase (scheduled, started, ready, total), from the Pod's own timestamps.",
+    ["pool", "region", "phase"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+)
+SANDBOXES = Gauge(
+    "sandfleet_sandboxes",
+    "Sandboxes of a pool by state (warm, starting, leased, failed) and region.",
+    ["pool", "region", "state"],
+)
+WARM_TARGET = Gauge("sandfleet_pool_warm_target", "Warm sandboxes the operator aims for.", ["pool", "region"])
+REGION_CAPACITY = Gauge(
+    "sandfleet_pool_region_capacity", "More sandboxes the region's nodes could take now.", ["pool", "region"]
+)
+LEASES_OBSERVED = Counter(
+    "sandfleet_pool_leases_observed_total",
+    "Sandboxes the operator saw go from free to leased (the demand the warm target follows).",
+    ["pool"],
+)
+RECONCILES = Counter("sandfleet_operator_reconciles_total", "Pool reconcile passes.", ["result"])
+RECONCILE_SECONDS = Histogram(
+    "sandfleet_operator_reconcile_duration_seconds",
+    "Time to plan and apply one pool reconcile pass.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+POD_OPERATIONS = Counter(
+    "sandfleet_operator_pod_operations_total",
+    "Sandbox Pod creations and deletions by reason and result.",
+    ["operation", "reason", "result"],
+)
+LEADER = Gauge("sandfleet_operator_leader", "1 while this replica holds the leader lease.")
+
+STATES = ("warm", "starting", "leased", "failed")

@@ -1,0 +1,232 @@
+"""Sandbox Pods as plain dicts: the manifest the operator creates, and what it reads from Pods and Nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sandfleet.core import api
+from sandfleet.core.model import (
+    BROKEN_WAITING_REASONS,
+    PREWARM_LABEL,
+    Node,
+    PoolSpec,
+    Sandbox,
+    Taint,
+    Template,
+    image_key,
+    parse_time,
+)
+from sandfleet.core.resources import Resources
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+STARTUP_PHASES = ("scheduled", "started", "ready", "total")
+
+
+def pool_selector(pool: str) -> str:
+    """The label selector of a pool's sandbox Pods (also the /scale selector)."""
+    return f"{api.POOL_LABEL}={pool}"
+
+
+def sandbox_pod(
+    pool: PoolSpec,
+    template: Template,
+    *,
+    name: str,
+    region: str,
+    zone: str | None,
+    prewarm: bool = False,
+) -> dict[str, Any]:
+    """The Pod manifest of one sandbox of `pool` in `region` (and `zone`, when the planner picked one)."""
+    labels = {
+        api.MANAGED_BY_LABEL: api.MANAGED_BY,
+        api.POOL_LABEL: pool.name,
+        api.SANDBOX_REGION_LABEL: region,
+        api.TEMPLATE_HASH_LABEL: template.hash,
+        api.IMAGE_KEY_LABEL: image_key(template.image),
+        api.LEASE_STATE_LABEL: api.LEASE_FREE,
+    }
+    if prewarm:
+        labels[PREWARM_LABEL] = "true"
+    node_selector = {**template.node_selector, api.REGION_LABEL: region}
+    if zone:
+        node_selector[api.ZONE_LABEL] = zone
+    container: dict[str, Any] = {
+        "name": api.SANDBOX_CONTAINER,
+        "image": template.image,
+        "imagePullPolicy": template.image_pull_policy,
+        "ports": [{"name": "agent", "containerPort": template.agent_port, "protocol": "TCP"}],
+        # Ready means the agent's exec path answers, not merely that a process exists.
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/ready", "port": template.agent_port},
+            "periodSeconds": 1,
+            "failureThreshold": 3,
+        },
+    }
+    if template.env:
+        container["env"] = [{"name": k, "value": v} for k, v in template.env]
+    if template.resources:
+        container["resources"] = {k: dict(v) for k, v in template.resources.items()}
+    spec: dict[str, Any] = {
+        "runtimeClassName": template.runtime_class_name,
+        "containers": [container],
+        "nodeSelector": node_selector,
+        # A sandbox whose agent dies has lost its state: fail visibly and get replaced, never restart.
+        "restartPolicy": "Never",
+        # Untrusted code runs inside: no API token, no service environment variables.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+    }
+    if template.tolerations:
+        spec["tolerations"] = [dict(t) for t in template.tolerations]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": pool.namespace,
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": api.API_VERSION,
+                    "kind": api.POOL_KIND,
+                    "name": pool.name,
+                    "uid": pool.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in pod.get("status", {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return condition  # type: ignore[no-any-return]
+    return None
+
+
+def _is_broken(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status", {})
+    if status.get("phase") in TERMINAL_PHASES:
+        return True
+    for container in status.get("containerStatuses") or ():
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in BROKEN_WAITING_REASONS:
+            return True
+    return False
+
+
+def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
+    """The Sandbox a Pod is, or None for a Pod that is not a sandfleet sandbox."""
+    meta = pod.get("metadata", {})
+    labels = meta.get("labels") or {}
+    if labels.get(api.MANAGED_BY_LABEL) != api.MANAGED_BY or api.POOL_LABEL not in labels:
+        return None
+    ready = _condition(pod, "Ready")
+    containers_ready = _condition(pod, "ContainersReady")
+    is_ready = bool(ready and ready.get("status") == "True")
+    expires = (meta.get("annotations") or {}).get(api.LEASE_EXPIRES_ANNOTATION)
+    try:
+        expires_at = float(expires) if expires else None
+    except ValueError:
+        expires_at = None
+    spec = pod.get("spec", {})
+    return Sandbox(
+        name=str(meta.get("name", "")),
+        region=str(labels.get(api.SANDBOX_REGION_LABEL, "")),
+        zone=(spec.get("nodeSelector") or {}).get(api.ZONE_LABEL),
+        template_hash=str(labels.get(api.TEMPLATE_HASH_LABEL, "")),
+        lease_state=str(labels.get(api.LEASE_STATE_LABEL, "")),
+        created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
+        ready=is_ready,
+        broken=_is_broken(pod),
+        node=spec.get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        prewarm=labels.get(PREWARM_LABEL) == "true",
+        lease_expires_at=expires_at,
+        image_key=str(labels.get(api.IMAGE_KEY_LABEL, "")),
+        started=bool(containers_ready and containers_ready.get("status") == "True"),
+        unready_since=None if is_ready or not ready else parse_time(ready.get("lastTransitionTime")),
+    )
+
+
+def startup_phases(pod: Mapping[str, Any]) -> dict[str, float] | None:
+    """Seconds spent in each spin-up phase, from the Pod's own timestamps; None until it is Ready.
+
+    Phases: created->scheduled, scheduled->started, started->ready, and the total.
+    """
+    ready = _condition(pod, "Ready")
+    if not ready or ready.get("status") != "True":
+        return None
+    created = parse_time(pod.get("metadata", {}).get("creationTimestamp"))
+    scheduled_condition = _condition(pod, "PodScheduled")
+    scheduled = parse_time(scheduled_condition.get("lastTransitionTime")) if scheduled_condition else None
+    started = None
+    for container in pod.get("status", {}).get("containerStatuses") or ():
+        running = (container.get("state") or {}).get("running") or {}
+        started = parse_time(running.get("startedAt")) or started
+    ready_at = parse_time(ready.get("lastTransitionTime"))
+    if created is None or ready_at is None:
+        return None
+    scheduled = scheduled if scheduled is not None else created
+    started = started if started is not None else scheduled
+    # Timestamps have one-second resolution and come from different clocks: never report a negative.
+    return {
+        "scheduled": max(0.0, scheduled - created),
+        "started": max(0.0, started - scheduled),
+        "ready": max(0.0, ready_at - started),
+        "total": max(0.0, ready_at - created),
+    }
+
+
+def pod_usage(pod: Mapping[str, Any]) -> tuple[str, Resources] | None:
+    """(node, what the Pod asks the scheduler for) for a Pod that holds node capacity, else None."""
+    spec = pod.get("spec", {})
+    node = spec.get("nodeName")
+    if not node or pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+        return None
+    total = Resources(pods=1)
+    for container in spec.get("containers") or ():
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        total = total + Resources.from_mapping(merged, pods=0)
+    # Init containers run one at a time before the others: the Pod reserves the larger of the two.
+    for container in spec.get("initContainers") or ():
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        init = Resources.from_mapping(merged, pods=0)
+        total = Resources(
+            max(total.cpu_millis, init.cpu_millis), max(total.memory_bytes, init.memory_bytes), 1
+        )
+    return str(node), total
+
+
+def node_from_object(node: Mapping[str, Any]) -> Node:
+    """A Node as capacity planning sees it."""
+    meta = node.get("metadata", {})
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    status = node.get("status", {})
+    ready = False
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready":
+            ready = condition.get("status") == "True"
+    spec = node.get("spec", {})
+    taints = tuple(
+        Taint(str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "NoSchedule")))
+        for t in spec.get("taints") or ()
+    )
+    allocatable = Resources.from_mapping(status.get("allocatable"))
+    return Node(
+        name=str(meta.get("name", "")),
+        region=labels.get(api.REGION_LABEL),
+        zone=labels.get(api.ZONE_LABEL),
+        ready=ready,
+        schedulable=not spec.get("unschedulable", False),
+        allocatable=allocatable,
+        labels=labels,
+        taints=taints,
+    )
