@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -138,13 +140,24 @@ class KubeBackend:
         return updated
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
-        """Server-side apply a SandboxPrewarm; the operator warms the image for its TTL."""
+        """Server-side apply a SandboxPrewarm; the operator warms the image for its TTL.
+
+        `expiresAt` moves with every call, so prefetching the same image again extends it (a
+        re-apply of identical content would not count as a write).
+        """
         name = f"{pool}-{image_key(image)}"[:253]
+        expires = datetime.fromtimestamp(time.time() + ttl_seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.PREWARM_KIND,
             "metadata": {"name": name, "labels": {api.POOL_LABEL: pool}},
-            "spec": {"pool": pool, "image": image, "count": count, "ttlSeconds": ttl_seconds},
+            "spec": {
+                "pool": pool,
+                "image": image,
+                "count": count,
+                "ttlSeconds": ttl_seconds,
+                "expiresAt": expires,
+            },
         }
         await self.custom.patch_namespaced_custom_object(
             api.GROUP,
