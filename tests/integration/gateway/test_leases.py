@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -316,13 +317,10 @@ def test_prefetch_writes_a_prewarm_and_leases_by_image(pool: Pool, start_gateway
         )
         assert written.status_code == 200, written.text
         (name,) = written.json()["prewarms"]
-        prewarm = pool.kube.json("get", "sandboxprewarms", name)
-        assert prewarm["spec"] == {
-            "pool": "python",
-            "image": "tasks/astropy:1",
-            "count": 3,
-            "ttlSeconds": 600,
-        }
+        spec = pool.kube.json("get", "sandboxprewarms", name)["spec"]
+        expires_in = datetime.fromisoformat(spec.pop("expiresAt")).timestamp() - time.time()
+        assert 590 < expires_in <= 600
+        assert spec == {"pool": "python", "image": "tasks/astropy:1", "count": 3, "ttlSeconds": 600}
         by_image = client.post("/v1/leases", json={"image": "tasks/astropy:1"})
         assert by_image.status_code == 201, by_image.text
         assert by_image.json()["leases"][0]["sandbox"] == "python-task-0000"
