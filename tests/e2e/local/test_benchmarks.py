@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sandfleet.local.tools import ImageRef
+from tests.support.bench import run_short
 
 pytestmark = pytest.mark.gvisor
-
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def run_short(script: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, str(BENCH / script), "--short"], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return report
 
 
 def test_sandbox_cold_short(runsc: Path, base_image: ImageRef) -> None:

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
+from tests.support.bench import run_short
 from tests.support.kube import Kubectl
 
 pytestmark = pytest.mark.cluster
-
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def run_short(script: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, str(BENCH / script), "--short"], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    last: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return last
 
 
 def test_pool_fill_short(kubectl: Kubectl) -> None:

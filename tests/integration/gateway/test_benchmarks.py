@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.support.bench import run_short
 
 pytestmark = pytest.mark.cluster
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
 
 def test_gateway_leases_short() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH / "gateway_leases.py"), "--short"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_short("gateway_leases.py", timeout=900)
     assert report["warm_lease_burst_size"] == 100
     assert 0 < report["warm_lease_burst_p50_ms"] <= report["warm_lease_burst_p99_ms"]
     assert report["lease_release_cycles_per_s"] > 0
