@@ -4,6 +4,7 @@ and other sandboxes are out of reach, and a fork bomb or memory hog stays inside
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import socket
 import subprocess
@@ -51,6 +52,9 @@ def host_can_write(directory: Path) -> bool:
     return (
         subprocess.run(["touch", str(directory / "probe")], capture_output=True, check=False).returncode == 0
     )
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def peak_memory(sandbox_id: str) -> int | None:
@@ -239,4 +243,6 @@ async def test_memory_hog_is_contained(runtime: LocalRuntime) -> None:
         assert await _exec_latency(client, bystander.url) < 5
     assert host_responds()
     peak = peak_memory(hog.id)
-    assert peak is None or peak <= limit
+    # cgroup v1 may record one page over the limit at the moment of the OOM kill (seen here:
+    # 268439552 against 268435456); anything more would mean the limit did not hold.
+    assert peak is None or peak <= limit + PAGE_SIZE

@@ -72,7 +72,7 @@ def test_500_concurrent_acquires_over_3_gateways_never_lease_a_sandbox_twice(
         try:
             return await asyncio.gather(
                 *(
-                    clients[i % 3].post("/v1/leases", json={"pool": "python", "wait_seconds": 3})
+                    clients[i % 3].post("/v1/leases", json={"pool": "python", "wait_seconds": 20})
                     for i in range(500)
                 )
             )
