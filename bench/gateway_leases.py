@@ -35,6 +35,7 @@ from sandfleet.core import api  # noqa: E402
 from sandfleet.core.model import image_key  # noqa: E402
 
 TOKEN = "bench-token"
+SEQUENTIAL = 50
 READY_JSONPATH = (
     "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=='Ready')].status}{'\\n'}{end}"
 )
@@ -57,7 +58,8 @@ def free_port() -> int:
 
 
 class Bench:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, nodes: int) -> None:
+        self.nodes = nodes
         # A cluster of its own: the shared test cluster has neither the room nor the quiet.
         self.cluster = LocalCluster(
             Path("/tmp/sandfleet-bench-gateway"),
@@ -82,8 +84,8 @@ class Bench:
         return result.stdout
 
     def setup(self) -> None:
-        log("starting a benchmark cluster (30 simulated nodes)")
-        self.cluster.up(Topology(nodes=30, gpu_nodes=0))
+        log(f"starting a benchmark cluster ({self.nodes} simulated nodes)")
+        self.cluster.up(Topology(nodes=self.nodes, gpu_nodes=0))
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
         subprocess.run(
             [str(build.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "create", "ns", self.namespace],
@@ -216,6 +218,21 @@ async def burst(url: str, count: int) -> list[float]:
         return list(await asyncio.gather(*(one() for _ in range(count))))
 
 
+async def sequential(url: str, count: int) -> list[float]:
+    """`count` acquires one after another (nothing queued): the latency floor of a warm lease, ms."""
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60
+    ) as client:
+        latencies = []
+        for _ in range(count):
+            started = time.perf_counter()
+            response = await client.post("/v1/leases", json={"pool": "bench"})
+            latencies.append((time.perf_counter() - started) * 1000)
+            if response.status_code != 201:
+                raise SystemExit(f"acquire failed: {response.status_code} {response.text}")
+        return latencies
+
+
 async def cycles(url: str, total: int, concurrency: int) -> float:
     """Lease+release cycles per second with `concurrency` workers, `total` cycles in all."""
     async with httpx.AsyncClient(
@@ -268,15 +285,18 @@ def main() -> None:
     # A SIGTERM (CI timeout, ^C from a wrapper) still runs the teardown below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(Path(tmp))
+        # Room for every sandbox Pod at once (the smallest region's nodes hold 64 Pods each).
+        bench = Bench(Path(tmp), nodes=30 if args.short else 90)
         try:
             bench.setup()
             agent_port = bench.start_agent()
-            bench.add_sandboxes(burst_size, "burst")
+            bench.add_sandboxes(burst_size + SEQUENTIAL, "burst")
             bench.add_sandboxes(cycle_count, "cycle")
             bench.add_sandboxes(exec_rounds, "exec", port=agent_port)
             bench.point_at_loopback([f"exec-{i:05d}" for i in range(exec_rounds)])
             url, pid = bench.start_gateway()
+            log(f"{SEQUENTIAL} acquires one at a time")
+            one_by_one = asyncio.run(sequential(url, SEQUENTIAL))
             log(f"burst of {burst_size} concurrent acquires")
             apiserver = bench.cluster.daemons()[1].pid()
             assert apiserver is not None
@@ -292,6 +312,8 @@ def main() -> None:
         finally:
             bench.teardown()
     result = {
+        "warm_lease_sequential_p50_ms": round(statistics.median(one_by_one), 2),
+        "warm_lease_sequential_p99_ms": round(percentile(one_by_one, 99), 2),
         "warm_lease_burst_size": burst_size,
         "warm_lease_burst_p50_ms": round(statistics.median(latencies), 2),
         "warm_lease_burst_p99_ms": round(percentile(latencies, 99), 2),

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.cluster
 def test_gateway_leases_short() -> None:
     report = run_short("gateway_leases.py", timeout=900)
     assert report["warm_lease_burst_size"] == 100
+    assert 0 < report["warm_lease_sequential_p50_ms"] <= report["warm_lease_sequential_p99_ms"]
     assert 0 < report["warm_lease_burst_p50_ms"] <= report["warm_lease_burst_p99_ms"]
     assert report["lease_release_cycles_per_s"] > 0
     assert 0 < report["exec_true_via_gateway_p50_ms"] <= report["exec_true_via_gateway_p99_ms"]
