@@ -62,6 +62,7 @@ class KubeBackend:
         self.namespace = namespace
         self._connect = connect
         self._sandboxes: dict[str, Sandbox] = {}
+        self._by_pool: dict[str, dict[str, Sandbox]] = {}  # so a lease scans its pool, not all
         self._pools: dict[str, PoolInfo] = {}
         self._listeners: list[Callable[[Sandbox], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -79,7 +80,9 @@ class KubeBackend:
         return sorted(self._pools.values(), key=lambda p: p.name)
 
     def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
-        return [s for s in self._sandboxes.values() if pool is None or s.pool == pool]
+        if pool is None:
+            return list(self._sandboxes.values())
+        return list(self._by_pool.get(pool, {}).values())
 
     def sandbox(self, lease_id: str) -> Sandbox | None:
         return self._sandboxes.get(lease_id)
@@ -294,6 +297,7 @@ class KubeBackend:
     ) -> None:
         if what == "pods":
             self._sandboxes.clear()
+            self._by_pool.clear()
         else:
             self._pools.clear()
         for item in items:
@@ -306,6 +310,7 @@ class KubeBackend:
             return
         if kind == "DELETED":
             self._sandboxes.pop(sandbox.key, None)
+            self._by_pool.get(sandbox.pool, {}).pop(sandbox.key, None)
             return
         self._upsert(sandbox)
 
@@ -314,6 +319,7 @@ class KubeBackend:
         if known is not None and _newer(known.resource_version, sandbox.resource_version):
             return  # a late watch event must not roll back what a write already told us
         self._sandboxes[sandbox.key] = sandbox
+        self._by_pool.setdefault(sandbox.pool, {})[sandbox.key] = sandbox
         for listener in self._listeners:
             listener(sandbox)
 
