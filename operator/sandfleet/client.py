@@ -50,6 +50,10 @@ class LeaseEnded(SandfleetError):
     """410: the lease was released or expired; its sandbox is gone."""
 
 
+class PolicyConflict(SandfleetError):
+    """409: the episode's policy version is beyond its run's staleness bound (or a version went back)."""
+
+
 class QueueFull(SandfleetError):
     """429: the pool's queue is full; `retry_after` says when to come back."""
 
@@ -74,6 +78,7 @@ _ERRORS: dict[int, type[SandfleetError]] = {
     401: Unauthorized,
     403: Forbidden,
     404: NotFound,
+    409: PolicyConflict,
     410: LeaseEnded,
     429: QueueFull,
     502: SandboxLost,
@@ -218,6 +223,42 @@ def _exec_body(
     return body
 
 
+@dataclass(frozen=True)
+class SpanReport:
+    """One timed phase of the loop (unix seconds), reported to the gateway's profiler."""
+
+    phase: str
+    start: float
+    end: float
+    source: str = "actor"
+    worker: str = ""
+
+
+def _publish_call(run: str, version: int, staleness_bound: int | None, mode: str | None) -> _Call:
+    body: dict[str, Any] = {"version": version}
+    if staleness_bound is not None:
+        body["staleness_bound"] = staleness_bound
+    if mode is not None:
+        body["mode"] = mode
+    # Republishing the same version is harmless, so retrying is safe.
+    return _Call("POST", f"/v1/runs/{run}/policy", json=body, retry=True)
+
+
+def _spans_call(run: str, spans: Sequence[SpanReport], dropped_stale: int) -> _Call:
+    body = {
+        "spans": [
+            {"phase": s.phase, "start": s.start, "end": s.end, "source": s.source, "worker": s.worker}
+            for s in spans
+        ],
+        "dropped_stale": dropped_stale,
+    }
+    return _Call("POST", f"/v1/runs/{run}/spans", json=body)
+
+
+def _profile_call(run: str, window_seconds: float) -> _Call:
+    return _Call("GET", f"/v1/runs/{run}/profile", params={"window_seconds": window_seconds}, retry=True)
+
+
 def _settings(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
     url = url or os.environ.get("SANDFLEET_URL", DEFAULT_URL)
     token = token or os.environ.get("SANDFLEET_TOKEN")
@@ -318,6 +359,25 @@ class AsyncFleet:
     async def pools(self) -> list[dict[str, Any]]:
         response = await self.call(_Call("GET", "/v1/pools", retry=True))
         return list(response.json()["pools"])
+
+    async def publish_policy(
+        self, run: str, version: int, staleness_bound: int | None = None, mode: str | None = None
+    ) -> dict[str, Any]:
+        """Publish the learner's policy version for `run` (and optionally its staleness rules)."""
+        return dict((await self.call(_publish_call(run, version, staleness_bound, mode))).json())
+
+    async def policy(self, run: str) -> dict[str, Any]:
+        return dict((await self.call(_Call("GET", f"/v1/runs/{run}/policy", retry=True))).json())
+
+    async def report_spans(self, run: str, spans: Sequence[SpanReport], dropped_stale: int = 0) -> int:
+        """Send phase spans to the loop profiler; how many it recorded."""
+        if not spans and not dropped_stale:
+            return 0
+        return int((await self.call(_spans_call(run, spans, dropped_stale))).json()["recorded"])
+
+    async def profile(self, run: str, window_seconds: float = 300.0) -> dict[str, Any]:
+        """The run's loop profile over the last `window_seconds`: split, percentiles, verdict."""
+        return dict((await self.call(_profile_call(run, window_seconds))).json())
 
 
 class AsyncSandbox:
@@ -446,6 +506,22 @@ class Fleet:
 
     def pools(self) -> list[dict[str, Any]]:
         return list(self.call(_Call("GET", "/v1/pools", retry=True)).json()["pools"])
+
+    def publish_policy(
+        self, run: str, version: int, staleness_bound: int | None = None, mode: str | None = None
+    ) -> dict[str, Any]:
+        return dict(self.call(_publish_call(run, version, staleness_bound, mode)).json())
+
+    def policy(self, run: str) -> dict[str, Any]:
+        return dict(self.call(_Call("GET", f"/v1/runs/{run}/policy", retry=True)).json())
+
+    def report_spans(self, run: str, spans: Sequence[SpanReport], dropped_stale: int = 0) -> int:
+        if not spans and not dropped_stale:
+            return 0
+        return int(self.call(_spans_call(run, spans, dropped_stale)).json()["recorded"])
+
+    def profile(self, run: str, window_seconds: float = 300.0) -> dict[str, Any]:
+        return dict(self.call(_profile_call(run, window_seconds)).json())
 
 
 class Sandbox:

@@ -26,6 +26,8 @@ def _register_commands() -> None:
         client_commands,
         gateway_commands,
         operator_commands,
+        rl_commands,
+        run_commands,
         serve_commands,
     )
 

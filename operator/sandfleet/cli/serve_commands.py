@@ -23,6 +23,14 @@ def serve(
         Path | None,
         typer.Option(help="Static tokens, lines `TOKEN NAME [POOLS]`; none means no auth."),
     ] = None,
+    tasks: Annotated[
+        bool,
+        typer.Option("--tasks", help="Serve the RL task image (sandfleet.rl.tasks) instead of the base."),
+    ] = False,
+    policy_file: Annotated[
+        Path | None,
+        typer.Option(help="Where runs' policy versions persist (default ~/.cache/sandfleet/policies.json)."),
+    ] = None,
 ) -> None:
     """Serve leases on local gVisor sandboxes (root, no cluster): same API as `sandfleet gateway`."""
     import asyncio
@@ -33,9 +41,10 @@ def serve(
     from sandfleet.gateway.app import Runtime, create_app
     from sandfleet.gateway.auth import Authenticator, parse_token_file
     from sandfleet.gateway.local import LocalBackend
+    from sandfleet.gateway.runs import MemoryPolicyStore
     from sandfleet.local.errors import LocalRuntimeError
     from sandfleet.local.runtime import LocalRuntime
-    from sandfleet.local.tools import ensure_base_image, ensure_runsc
+    from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc
 
     console = Console(stderr=True)
     if not local:
@@ -46,6 +55,15 @@ def serve(
         with console.status("building (or finding) runsc and the sandbox image..."):
             runsc = asyncio.run(ensure_runsc())
             image = asyncio.run(ensure_base_image())
+        if tasks:
+            from sandfleet.rl.tasks import TaskBuildError, build_image
+
+            with console.status("fetching the tasks from PyPI (cached) and building their image..."):
+                try:
+                    built = build_image()
+                except TaskBuildError as error:
+                    raise LocalRuntimeError(str(error)) from None
+            image = ImageRef(Path(built["layout"]), built["tag"], built["digest"])
     except LocalRuntimeError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
@@ -60,6 +78,7 @@ def serve(
         ready=backend.ready,
         start=backend.start,
         stop=backend.stop,
+        policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
     )
     console.print(f"sandfleet: serving pool {pool!r} ({warm} warm) on http://{host}:{port}")
     uvicorn.run(create_app(runtime), host=host, port=port, log_level="warning", access_log=False)

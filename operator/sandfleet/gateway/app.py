@@ -18,6 +18,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandfleet import __version__
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
+from sandfleet.core.policy import PolicyError
+from sandfleet.core.profile import ProfileError, Span
 from sandfleet.gateway.auth import Authenticator, Caller, NotAllowed, Unauthenticated
 from sandfleet.gateway.backend import Backend
 from sandfleet.gateway.leasing import (
@@ -47,6 +49,14 @@ from sandfleet.gateway.models import (
     Timings,
 )
 from sandfleet.gateway.proxy import AgentProxy, SandboxUnreachable
+from sandfleet.gateway.run_models import (
+    PolicyView,
+    ProfileView,
+    PublishPolicy,
+    SpansRequest,
+    SpansResponse,
+)
+from sandfleet.gateway.runs import MemoryPolicyStore, PolicyStore, Runs, StalePolicy
 
 
 @dataclass
@@ -60,6 +70,7 @@ class Runtime:
     stop: Callable[[], Awaitable[None]]
     agent_token: str | None = None
     max_waiting: int = 1000
+    policy_store: PolicyStore | None = None  # memory only when None
 
 
 def _problem(status: int, error: str, detail: str, **extra: Any) -> JSONResponse:
@@ -77,6 +88,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "No or unknown bearer token.",
         403: "The caller may not use this pool or lease.",
         404: "No such pool or lease.",
+        409: "The episode's policy version is beyond its run's staleness bound, or a version went back.",
         410: "The lease has ended (released or expired).",
         422: "The request is malformed: the detail says which field and why.",
         429: "The pool's queue is full: retry after Retry-After seconds.",
@@ -120,6 +132,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     metrics = GatewayMetrics()
     service = LeaseService(runtime.backend, max_waiting=runtime.max_waiting)
     proxy = AgentProxy(runtime.agent_token)
+    runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -138,6 +151,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.service = service
     app.state.authenticator = runtime.authenticator
     app.state.metrics = metrics
+    app.state.runs = runs
 
     app.add_middleware(RequestMetrics, histogram=metrics.request_duration)
 
@@ -162,6 +176,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         NotFound: (404, "not_found"),
         Gone: (410, "lease_ended"),
         LeaseError: (422, "invalid_lease"),
+        StalePolicy: (409, "policy_stale"),
+        PolicyError: (409, "policy_conflict"),
+        ProfileError: (422, "invalid_span"),
         SandboxUnreachable: (502, "sandbox_lost"),
     }
     for exception_type, (status, code) in handlers.items():
@@ -263,7 +280,7 @@ def create_app(runtime: Runtime) -> FastAPI:
             count=body.count,
             regions=tuple(body.regions),
             ttl_seconds=body.ttl_seconds,
-            labels=body.labels,
+            labels=await runs.admit(body.labels, body.policy_version),
             idempotency_key=body.idempotency_key,
             policy_version=body.policy_version,
             wait_seconds=body.wait_seconds,
@@ -279,6 +296,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         metrics.acquisitions.labels(pool, result).inc(len(granted.leases))
         total = time.perf_counter() - started
         metrics.lease_wait.labels(pool, result).observe(total)
+        runs.leased([lease for lease, _ in granted.leases], granted.queue_seconds, granted.claim_seconds)
         return AcquireResponse(
             leases=[LeaseView.of(lease, sandbox) for lease, sandbox in granted.leases],
             queue_position=granted.position,
@@ -321,11 +339,41 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.delete("/v1/leases/{lease_id}", tags=["leases"])
     async def release(lease_id: str, who: Authed) -> ReleaseResponse:
-        return ReleaseResponse(id=lease_id, released=await service.release(lease_id, who.name))
+        released = await service.release(lease_id, who.name)
+        if released:
+            await runs.released(lease_id)
+        return ReleaseResponse(id=lease_id, released=released)
 
     @app.post("/v1/runs/{run}/release", tags=["leases"])
     async def release_run(run: str, who: Authed) -> BulkReleaseResponse:
-        return BulkReleaseResponse(run=run, released=await service.release_run(run, who.name))
+        released = await service.release_run(run, who.name)
+        for lease_id in released:
+            await runs.released(lease_id)
+        return BulkReleaseResponse(run=run, released=released)
+
+    # -- runs: policy versions and the loop profile ----------------------------------------------
+
+    @app.post("/v1/runs/{run}/policy", tags=["runs"])
+    async def publish_policy(run: str, body: PublishPolicy, who: Authed) -> PolicyView:
+        return PolicyView.of(await runs.publish(run, body.version, body.staleness_bound, body.mode))
+
+    @app.get("/v1/runs/{run}/policy", tags=["runs"])
+    async def get_policy(run: str, who: Authed) -> PolicyView:
+        policy = await runs.policy(run)
+        if policy is None:
+            raise NotFound(f"run {run!r} has no published policy: POST /v1/runs/{run}/policy")
+        return PolicyView.of(policy)
+
+    @app.post("/v1/runs/{run}/spans", tags=["runs"])
+    async def report_spans(run: str, body: SpansRequest, who: Authed) -> SpansResponse:
+        spans = [Span(s.phase, s.start, s.end, s.source, s.worker) for s in body.spans]
+        return SpansResponse(run=run, recorded=runs.record(run, spans, body.dropped_stale))
+
+    @app.get("/v1/runs/{run}/profile", tags=["runs"])
+    async def get_profile(
+        run: str, who: Authed, window_seconds: Annotated[float, Query(gt=0, le=86400)] = 300.0
+    ) -> ProfileView:
+        return ProfileView.of(run, runs.profile(run, window_seconds), await runs.policy(run))
 
     # -- data plane: the leased sandbox's agent, through the gateway ---------------------------
 
@@ -333,6 +381,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         request: Request, lease_id: str, who: Caller, agent_path: str, stream: bool = False
     ) -> Response:
         started = time.perf_counter()
+        started_wall = time.time()
         _, sandbox = await service.current(lease_id, who.name)
         url = sandbox.agent_url()
         if url is None:
@@ -340,6 +389,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         response, agent_seconds = await proxy.forward(request, url, agent_path, stream=stream)
         if agent_path.startswith("/v1/exec"):
             metrics.exec_seconds.observe(agent_seconds)
+        # Every call counts (idle is the time between calls); evaluate runs the tests: scoring.
+        phase = "score" if agent_path == "/v1/evaluate" else "exec"
+        runs.exec_done(lease_id, started_wall, agent_seconds, phase)
         total = (time.perf_counter() - started) * 1000
         response.headers["Server-Timing"] = f"exec;dur={agent_seconds * 1000:.2f}, total;dur={total:.2f}"
         return response

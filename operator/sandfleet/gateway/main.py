@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend
+from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
 from sandfleet.gateway.settings import GatewaySettings
 
 
@@ -31,6 +32,7 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
         stop=backend.stop,
         agent_token=agent_token,
         max_waiting=settings.max_waiting,
+        policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.core),
     )
     return create_app(runtime)
 

@@ -48,6 +48,26 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.loop_phase = Histogram(
+            "sandfleet_loop_phase_seconds",
+            "Durations of the RL loop's phases per run (actor, learner and gateway spans).",
+            ["run", "phase"],
+            buckets=(*LATENCY_BUCKETS, 120, 300),
+            registry=r,
+        )
+        self.policy_staleness = Histogram(
+            "sandfleet_policy_staleness_versions",
+            "Policy versions behind the run's current one when an episode's lease ended.",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
+            registry=r,
+        )
+        self.stale_episodes = Counter(
+            "sandfleet_policy_stale_episodes_total",
+            "Episodes beyond their run's staleness bound: refused, flagged (at acquire) or dropped"
+            " (by the learner).",
+            ["result"],
+            registry=r,
+        )
         Info("sandfleet_build", "sandfleet build information.", registry=r).info(
             {"version": __version__, "component": "gateway"}
         )

@@ -57,7 +57,10 @@ class AgentProxy:
             agent_url + path,
             params=request.query_params,
             headers=self._headers(request),
-            content=request.stream(),
+            # A body-less request (GET files, DELETE) must not become an empty chunked body: the
+            # agent would close the connection with those bytes unread, and the kernel's reset can
+            # destroy the end of a large response before we read it.
+            content=request.stream() if _has_body(request) else None,
         )
         started = time.monotonic()
         try:
@@ -75,10 +78,21 @@ class AgentProxy:
             )
         try:
             body = await upstream.aread()
+        except httpx.TransportError as error:
+            # The agent hung up mid-response: a clear 502, not a 503 with a traceback in our log.
+            raise SandboxUnreachable(
+                f"the sandbox's agent dropped the connection mid-response ({type(error).__name__}); "
+                "retry, or release this lease and acquire another"
+            ) from error
         finally:
             await upstream.aclose()
         elapsed = time.monotonic() - started
         return Response(body, status_code=upstream.status_code, headers=headers), elapsed
+
+
+def _has_body(request: Request) -> bool:
+    length = request.headers.get("content-length")
+    return "transfer-encoding" in request.headers or (length is not None and length != "0")
 
 
 async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:

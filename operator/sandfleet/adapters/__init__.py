@@ -1,0 +1,1 @@
+"""Thin adapters so RL frameworks use sandfleet as their sandbox backend (each over the client only)."""

@@ -1,0 +1,92 @@
+"""Run commands: `sandfleet profile RUN` (the loop profile and its verdict) and `sandfleet policy RUN`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sandfleet.cli import app
+from sandfleet.cli.client_commands import AS_JSON, TOKEN, URL, _fleet, _run, console
+
+
+def render_profile(data: dict[str, Any]) -> Table:
+    """The profile as a table: one row per phase, then the split and the verdict in the caption."""
+    table = Table(title=f"loop profile of run {data['run']} (last {data['window_seconds']:.0f}s)")
+    for column in ("phase", "category", "count", "total s", "p50 s", "p90 s", "p99 s"):
+        table.add_column(column, justify="left" if column in ("phase", "category") else "right")
+    for p in data["phases"]:
+        table.add_row(
+            p["phase"],
+            p["category"],
+            str(p["count"]),
+            f"{p['total_seconds']:.2f}",
+            f"{p['p50_seconds']:.3f}",
+            f"{p['p90_seconds']:.3f}",
+            f"{p['p99_seconds']:.3f}",
+        )
+    split = ", ".join(f"{c} {share:.0%}" for c, share in data["split"].items())
+    busy = data.get("learner_busy")
+    verdict = data["verdict"]
+    table.caption = (
+        f"split: {split}"
+        + (f"; learner busy {busy:.0%}" if busy is not None else "")
+        + f"\nverdict: {verdict['bottleneck']} ({verdict['reason']})\nlever: {verdict['lever']}"
+    )
+    return table
+
+
+def profile_svg(data: dict[str, Any]) -> str:
+    from sandfleet.core.svg import profile_chart
+
+    verdict = data["verdict"]
+    return profile_chart(
+        f"sandfleet loop profile: run {data['run']}",
+        data["split"],
+        [(p["phase"], p["p50_seconds"], p["p99_seconds"]) for p in data["phases"]],
+        f"verdict: {verdict['bottleneck']} -> {verdict['lever']}",
+    )
+
+
+@app.command()
+def profile(
+    run: Annotated[str, typer.Argument(help="The run (the `run` label on its leases).")],
+    window: Annotated[float, typer.Option(help="Seconds to look back.")] = 300.0,
+    plot: Annotated[Path | None, typer.Option(help="Write the profile as an SVG picture here.")] = None,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Where the RL loop spends its time, percentiles per phase, and the bottleneck with its lever."""
+    with _fleet(url, token) as fleet:
+        data = _run(lambda: fleet.profile(run, window))
+    if plot is not None:
+        plot.write_text(profile_svg(data))
+        console.print(f"wrote {plot}")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    from rich.console import Console
+
+    Console().print(render_profile(data))
+
+
+@app.command()
+def policy(
+    run: Annotated[str, typer.Argument(help="The run.")],
+    publish: Annotated[int | None, typer.Option(help="Publish this policy version.")] = None,
+    bound: Annotated[int | None, typer.Option(help="Staleness bound in versions.")] = None,
+    mode: Annotated[str | None, typer.Option(help="refuse or flag, beyond the bound.")] = None,
+    url: URL = None,
+    token: TOKEN = None,
+) -> None:
+    """Show a run's policy version and staleness rules, or publish a version."""
+    with _fleet(url, token) as fleet:
+        if publish is not None:
+            data = _run(lambda: fleet.publish_policy(run, publish, bound, mode))
+        else:
+            data = _run(lambda: fleet.policy(run))
+    typer.echo(json.dumps(data, indent=2))

@@ -1,0 +1,183 @@
+"""Runs in the gateway: the policy registry, staleness checks on acquire, and the loop profiler's spans."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sandfleet.core.leases import Lease
+from sandfleet.core.policy import STALE_LABEL, Mode, PolicyError, RunPolicy, decide, publish, staleness
+from sandfleet.core.profile import Profile, Span, check_span, profile
+from sandfleet.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_SPANS_PER_RUN = 50_000  # a few minutes of a busy run; older spans fall off first
+MAX_RUNS = 256
+MAX_TRACKED_LEASES = 100_000
+
+
+class StalePolicy(RuntimeError):
+    """An acquire for a policy version further behind its run's current version than the bound."""
+
+
+class PolicyStore(Protocol):
+    """Where runs' policies live: Kubernetes for the cluster, memory plus a file for the local runtime."""
+
+    async def get(self, run: str) -> RunPolicy | None: ...
+
+    async def put(self, policy: RunPolicy) -> None: ...
+
+
+class MemoryPolicyStore:
+    """Policies in memory, written through to a JSON file (when given) so a restart keeps them."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._policies: dict[str, RunPolicy] = {}
+        if path is not None and path.exists():
+            try:
+                for raw in json.loads(path.read_text()).values():
+                    policy = RunPolicy.from_json(json.dumps(raw))
+                    self._policies[policy.run] = policy
+            except (OSError, ValueError, AttributeError) as error:
+                log.warning("ignoring unreadable policy file %s: %s", path, error)
+
+    async def get(self, run: str) -> RunPolicy | None:
+        return self._policies.get(run)
+
+    async def put(self, policy: RunPolicy) -> None:
+        self._policies[policy.run] = policy
+        if self.path is not None:
+            data = {run: json.loads(p.to_json()) for run, p in self._policies.items()}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps(data, indent=1, sort_keys=True))
+            partial.replace(self.path)  # atomic: a crash never leaves half a file
+
+
+@dataclass
+class _Tracked:
+    run: str
+    policy_version: int | None
+    last_end: float  # wall time the lease was granted or its last exec ended
+
+
+class Runs:
+    """One per gateway: policy versions (through the store) and spans (in memory) for every run."""
+
+    def __init__(
+        self,
+        store: PolicyStore,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.time,
+        max_spans: int = MAX_SPANS_PER_RUN,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.max_spans = max_spans
+        self._spans: OrderedDict[str, deque[Span]] = OrderedDict()
+        self._leases: OrderedDict[str, _Tracked] = OrderedDict()
+        self._publishing: dict[str, asyncio.Lock] = {}
+
+    # -- policy versions -------------------------------------------------------------------------
+
+    async def publish(
+        self, run: str, version: int, staleness_bound: int | None, mode: Mode | None
+    ) -> RunPolicy:
+        lock = self._publishing.setdefault(run, asyncio.Lock())
+        async with lock:  # read-modify-write of one run's policy, one at a time in this gateway
+            policy = publish(await self.store.get(run), run, version, self.clock(), staleness_bound, mode)
+            await self.store.put(policy)
+        return policy
+
+    async def policy(self, run: str) -> RunPolicy | None:
+        return await self.store.get(run)
+
+    async def admit(self, labels: dict[str, str], policy_version: int | None) -> dict[str, str]:
+        """The labels an acquire's leases get, or StalePolicy when the run refuses this version."""
+        run = labels.get("run")
+        if run is None or policy_version is None:
+            return labels
+        decision = decide(await self.store.get(run), policy_version)
+        if not decision.allowed:
+            self.metrics.stale_episodes.labels("refused").inc()
+            raise StalePolicy(decision.detail)
+        if decision.flagged:
+            self.metrics.stale_episodes.labels("flagged").inc()
+            return {**labels, STALE_LABEL: str(decision.staleness)}
+        return labels
+
+    # -- what the gateway sees itself ------------------------------------------------------------
+
+    def leased(self, leases: Iterable[Lease], queue_seconds: float, claim_seconds: float) -> None:
+        """Record an acquire's queue and claim time against its run; start tracking its leases."""
+        now = self.clock()
+        for index, lease in enumerate(leases):
+            if lease.run is None:
+                continue
+            if index == 0:  # a group waited once: one queue and one claim span per acquire
+                claim_start = now - claim_seconds
+                self._add(lease.run, Span("queue", claim_start - queue_seconds, claim_start, "gateway"))
+                self._add(lease.run, Span("claim", claim_start, now, "gateway"))
+            self._leases[lease.id] = _Tracked(lease.run, lease.policy_version, now)
+            while len(self._leases) > MAX_TRACKED_LEASES:
+                self._leases.popitem(last=False)
+
+    def exec_done(self, lease_id: str, started: float, seconds: float, phase: str = "exec") -> None:
+        """Record a data-plane call and the idle time before it (the model generating, seen from outside)."""
+        tracked = self._leases.get(lease_id)
+        if tracked is None:
+            return
+        if started > tracked.last_end:
+            self._add(tracked.run, Span("idle", tracked.last_end, started, "gateway"))
+        end = started + seconds
+        self._add(tracked.run, Span(phase, started, end, "gateway"))
+        tracked.last_end = max(end, tracked.last_end)
+
+    async def released(self, lease_id: str) -> None:
+        """An episode ended: observe how stale its policy version was by now."""
+        tracked = self._leases.pop(lease_id, None)
+        if tracked is None or tracked.policy_version is None:
+            return
+        policy = await self.store.get(tracked.run)
+        if policy is not None:
+            self.metrics.policy_staleness.observe(staleness(policy.version, tracked.policy_version))
+
+    # -- spans from actors and the learner -------------------------------------------------------
+
+    def record(self, run: str, spans: Iterable[Span], dropped_stale: int = 0) -> int:
+        """Add reported spans (ProfileError on a bad one, before any is added); how many."""
+        checked = [check_span(span) for span in spans]
+        for span in checked:
+            self._add(run, span)
+        if dropped_stale:
+            self.metrics.stale_episodes.labels("dropped").inc(dropped_stale)
+        return len(checked)
+
+    def profile(self, run: str, window_seconds: float) -> Profile:
+        now = self.clock()
+        return profile(self._spans.get(run, ()), now - window_seconds, now)
+
+    def _add(self, run: str, span: Span) -> None:
+        spans = self._spans.get(run)
+        if spans is None:
+            spans = self._spans[run] = deque(maxlen=self.max_spans)
+            while len(self._spans) > MAX_RUNS:
+                self._spans.popitem(last=False)  # the run heard from least recently goes
+        else:
+            self._spans.move_to_end(run)
+        spans.append(span)
+        self.metrics.loop_phase.labels(run, span.phase).observe(span.seconds)
+
+
+__all__ = ["MemoryPolicyStore", "PolicyError", "PolicyStore", "Runs", "StalePolicy"]

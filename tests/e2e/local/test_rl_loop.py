@@ -1,0 +1,123 @@
+"""The RL loop on the embedded default: real tasks in gVisor, policy staleness, a short real run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandfleet.client import AsyncFleet, Fleet, PolicyConflict
+from sandfleet.local.tools import ImageRef
+from sandfleet.rl.loop import LoopConfig, run_loop
+from sandfleet.rl.tasks import TASKS, apply_edit, cache_dir, prepare_workspace
+from tests.e2e.local.test_serve import free_port, runsc_sandboxes
+from tests.support.kube import wait_until
+
+pytestmark = pytest.mark.gvisor
+
+
+@pytest.fixture(scope="module")
+def tasks_gateway(
+    runsc: Path, base_image: ImageRef, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """`sandfleet serve --local --tasks`: the task image (fetched from PyPI once, then cached) warm."""
+    tmp = tmp_path_factory.mktemp("rl")
+    before = runsc_sandboxes()
+    port = free_port()
+    log = tmp / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--tasks", "--port", str(port),
+             "--warm", "3", "--pool", "tasks", "--policy-file", str(tmp / "policies.json")],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, timeout=600, what="serve --tasks to have a warm sandbox")
+    yield url
+    process.terminate()
+    assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+    assert runsc_sandboxes() == before, "serve left gVisor sandboxes behind"
+
+
+def test_only_the_original_line_passes_each_packages_tests(tmp_path: Path) -> None:
+    # On the host (same Python minor as the image): the reward must tell the candidates apart.
+    workspace = prepare_workspace(root=tmp_path, downloads=cache_dir() / "downloads")
+    for task in TASKS:
+        directory = workspace / "tasks" / task.name
+        target = directory / task.path
+        broken = target.read_text()
+        passing = []
+        for index, candidate in enumerate(task.candidates):
+            target.write_text(apply_edit(broken, task.broken, candidate))
+            command = task.test_command.replace("/workspace", str(workspace))
+            if (
+                subprocess.run(
+                    command, shell=True, cwd=directory, capture_output=True, check=False
+                ).returncode
+                == 0
+            ):
+                passing.append(index)
+        assert passing == [task.correct], task.name
+
+
+def test_each_task_is_broken_and_its_own_tests_reward_the_fix(tasks_gateway: str) -> None:
+    with Fleet(tasks_gateway) as fleet:
+        for task in TASKS:
+            with fleet.lease("tasks", labels={"run": "tasks-check"}) as sandbox:
+                path = f"{task.cwd}/{task.path}"
+                broken = sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)
+                assert broken["reward"] == 0.0, (task.name, broken["exec"])
+                source = sandbox.read_file(path).decode()
+                sandbox.write_file(path, apply_edit(source, task.broken, task.original))
+                fixed = sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)
+                assert fixed["reward"] == 1.0, (task.name, fixed["exec"])
+                assert fixed["counts"]["passed"] >= 1
+
+
+def test_large_files_read_whole_through_the_gateway(tasks_gateway: str) -> None:
+    # Regression: body-less GETs were forwarded as empty chunked bodies; the agent then reset the
+    # connection and large responses (this file is ~150 kB) were cut off.
+    task = TASKS[-1]
+    with Fleet(tasks_gateway, retries=0) as fleet, fleet.lease("tasks") as sandbox:
+        size = int(sandbox.exec(["stat", "-c", "%s", f"{task.cwd}/{task.path}"]).stdout)
+        assert size > 100_000
+        for _ in range(5):
+            assert len(sandbox.read_file(f"{task.cwd}/{task.path}")) == size
+
+
+def test_a_stale_acquire_is_refused_by_the_real_gateway(tasks_gateway: str) -> None:
+    with Fleet(tasks_gateway) as fleet:
+        fleet.publish_policy("stale-check", 10, staleness_bound=2)
+        with pytest.raises(PolicyConflict, match="8 versions behind"):
+            fleet.acquire("tasks", labels={"run": "stale-check"}, policy_version=2)
+        (lease,) = fleet.acquire("tasks", labels={"run": "stale-check"}, policy_version=9)
+        assert fleet.release(lease.id)
+
+
+async def test_a_short_real_run_of_the_loop(tasks_gateway: str) -> None:
+    config = LoopConfig(run="ci-loop", pool="tasks", actors=2, duration_seconds=20, batch_size=2,
+                        think_seconds=0.05)  # fmt: skip
+    async with AsyncFleet(tasks_gateway) as fleet:
+        stats, learner = await run_loop(fleet, config)
+        assert stats.episodes >= 2, stats.errors
+        assert set(stats.rewards) <= {0.0, 1.0}
+        assert stats.updates, "the learner never stepped"
+        assert (await fleet.policy("ci-loop"))["version"] == learner.policy.version >= 1
+        profile = await fleet.profile("ci-loop", window_seconds=120)
+        phases = {p["phase"] for p in profile["phases"]}
+        assert {"sandbox_wait", "generate", "score", "train", "queue", "claim", "exec", "idle"} <= phases
+        assert profile["verdict"]["bottleneck"] != "none"
+        assert await fleet.leases(run="ci-loop") == []  # the run released everything it leased

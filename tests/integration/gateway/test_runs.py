@@ -1,0 +1,44 @@
+"""Policy versions on Kubernetes: one ConfigMap per run, so every gateway replica enforces the same bound.
+
+Only lease control-plane calls here: kwok pod addresses are fake and never receive traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from sandfleet.gateway.kube_policy import configmap_name
+from tests.integration.gateway.conftest import GatewayFactory, Pool
+from tests.support.kube import Kubectl
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_version_published_through_one_gateway_is_enforced_by_another(
+    pool: Pool, start_gateway: GatewayFactory, kube: Kubectl
+) -> None:
+    pool.add_sandboxes(2)
+    learner_side, actor_side = start_gateway(), start_gateway()
+    run = "Run_With.Capitals-1"  # free-form run names map to valid ConfigMap names
+    with learner_side.client() as learner, actor_side.client() as actor:
+        assert learner.post("/v1/runs/r/policy", json={"version": 0}).status_code == 200
+        published = learner.post(f"/v1/runs/{run}/policy", json={"version": 9, "staleness_bound": 3})
+        assert published.status_code == 200, published.text
+        stored = kube.json("get", "configmap", configmap_name(run))
+        assert json.loads(stored["data"]["policy.json"])["version"] == 9
+        # The other replica reads the ConfigMap (its cache lives at most a second).
+        time.sleep(1.1)
+        assert actor.get(f"/v1/runs/{run}/policy").json()["version"] == 9
+        body = {"pool": "python", "labels": {"run": run}, "policy_version": 5, "wait_seconds": 1}
+        refused = actor.post("/v1/leases", json=body)
+        assert refused.status_code == 409
+        assert refused.json()["error"] == "policy_stale"
+        assert "4 versions behind" in refused.json()["detail"]
+        granted = actor.post("/v1/leases", json={**body, "policy_version": 6})
+        assert granted.status_code == 201, granted.text
+        backwards = actor.post(f"/v1/runs/{run}/policy", json={"version": 8})
+        assert backwards.status_code == 409
+        assert learner.post(f"/v1/runs/{run}/policy", json={"version": 10}).status_code == 200
