@@ -15,8 +15,6 @@ import kopf
 from sandfleet.controller.fleet import Fleet
 from sandfleet.core import api
 
-PREWARM_PLURAL = "sandboxprewarms"
-
 
 def _fleet(memo: Any) -> Fleet:
     fleet: Fleet = memo["fleet"]
@@ -58,7 +56,7 @@ async def pool_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any)
         _fleet(memo).upsert_pool(dict(body))
 
 
-@kopf.on.event(api.GROUP, api.VERSION, PREWARM_PLURAL)
+@kopf.on.event(api.GROUP, api.VERSION, api.PREWARM_PLURAL)
 async def prewarm_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     """A lookahead: which task images to warm, how many, for how long."""
     meta = body.get("metadata", {})
