@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from html import escape
 
@@ -35,20 +36,22 @@ def profile_chart(
         width = max(share, 0.0) * (WIDTH - 20)
         colour = COLOURS.get(category, "#999999")
         body.append(f'<rect x="{x:.1f}" y="35" width="{width:.1f}" height="28" fill="{colour}"/>')
-        if share >= 0.08:
+        if share * (WIDTH - 20) >= 8 * (len(category) + 5):  # only where the label fits
             body.append(f'<text x="{x + 4:.1f}" y="54" fill="white">{escape(category)} {share:.0%}</text>')
         x += width
     longest = max((p99 for _, _, p99 in phases), default=0.0) or 1.0
     y = 85
     for phase, p50, p99 in phases:
-        scale = (WIDTH - 220) / longest
+        scale = (WIDTH - 330) / longest  # leaves room for the p50/p99 label after the bar
         body.append(f'<text x="10" y="{y + 12}">{escape(phase)}</text>')
         body.append(f'<rect x="110" y="{y}" width="{p99 * scale:.1f}" height="14" fill="#bbbbbb"/>')
         body.append(f'<rect x="110" y="{y}" width="{p50 * scale:.1f}" height="14" fill="#4c78a8"/>')
         body.append(f'<text x="{115 + p99 * scale:.1f}" y="{y + 12}">p50 {p50:.3f}s  p99 {p99:.3f}s</text>')
         y += 20
-    body.append(f'<text x="10" y="{y + 20}">{escape(verdict)}</text>')
-    return _document(y + 35, body, title)
+    for line in textwrap.wrap(verdict, 95):
+        body.append(f'<text x="10" y="{y + 20}">{escape(line)}</text>')
+        y += 16
+    return _document(y + 20, body, title)
 
 
 def line_chart(title: str, values: Sequence[float], y_label: str = "") -> str:
