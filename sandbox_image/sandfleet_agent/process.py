@@ -347,24 +347,11 @@ def _members(leader: int) -> list[int]:
 
 def _process_table() -> list[tuple[int, int, int, int]]:
     """Return (pid, ppid, process group, session) for every live (non-zombie) process."""
-    table: list[tuple[int, int, int, int]] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return table
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                raw = stat.read()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses; fields resume after the last ')'.
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if len(fields) > 3 and fields[0] != b"Z":
-            table.append((int(entry), int(fields[1]), int(fields[2]), int(fields[3])))
-    return table
+    return [
+        (pid, int(fields[1]), int(fields[2]), int(fields[3]))
+        for pid, fields in reaper.proc_stats()
+        if len(fields) > 3 and fields[0] != b"Z"
+    ]
 
 
 class TextDecoder:

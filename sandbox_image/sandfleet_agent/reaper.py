@@ -48,12 +48,12 @@ def reap_orphans() -> int:
     return reaped
 
 
-def _zombie_children(parent: int) -> list[int]:
-    zombies: list[int] = []
+def proc_stats() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the /proc/PID/stat fields after the command name) for every process we can read."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return zombies
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -62,10 +62,16 @@ def _zombie_children(parent: int) -> list[int]:
                 raw = stat.read()
         except OSError:
             continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == parent:
-            zombies.append(int(entry))
-    return zombies
+        # The command name may contain spaces and parentheses; fields resume after the last ')'.
+        yield int(entry), raw[raw.rfind(b")") + 2 :].split()
+
+
+def _zombie_children(parent: int) -> list[int]:
+    return [
+        pid
+        for pid, fields in proc_stats()
+        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == parent
+    ]
 
 
 def start() -> None:
