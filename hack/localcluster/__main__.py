@@ -49,4 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `hack/cluster status | head`: the reader left; nothing is wrong
+        sys.exit(0)
