@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -121,3 +123,28 @@ async def test_a_short_real_run_of_the_loop(tasks_gateway: str) -> None:
         assert {"sandbox_wait", "generate", "score", "train", "queue", "claim", "exec", "idle"} <= phases
         assert profile["verdict"]["bottleneck"] != "none"
         assert await fleet.leases(run="ci-loop") == []  # the run released everything it leased
+
+
+def test_profile_and_policy_commands_read_the_run(tasks_gateway: str, tmp_path: Path) -> None:
+    env = dict(os.environ, SANDFLEET_URL=tasks_gateway)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandfleet.cli", *args],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    published = cli("policy", "cli-run", "--publish", "3", "--bound", "1", "--mode", "refuse")
+    assert published.returncode == 0, published.stderr
+    assert json.loads(cli("policy", "cli-run").stdout)["version"] == 3
+    # The loop test above left its spans under ci-loop; the command shows them and plots them.
+    plot = tmp_path / "profile.svg"
+    shown = cli("profile", "ci-loop", "--window", "600", "--plot", str(plot), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["verdict"]["bottleneck"] != "none"
+    assert plot.read_text().startswith("<svg")
+    table = cli("profile", "ci-loop", "--window", "600")
+    assert "verdict" in table.stdout
+    unknown = cli("policy", "no-such-run")
+    assert unknown.returncode == 1
+    assert "no published policy" in unknown.stderr
