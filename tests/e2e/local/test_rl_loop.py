@@ -9,7 +9,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, PolicyConflict
@@ -17,7 +16,7 @@ from sandfleet.local.tools import ImageRef
 from sandfleet.rl.loop import LoopConfig, run_loop
 from sandfleet.rl.tasks import TASKS, apply_edit, cache_dir, prepare_workspace
 from tests.e2e.local.test_serve import free_port, runsc_sandboxes
-from tests.support.kube import wait_until
+from tests.support.servers import wait_until_ready
 
 pytestmark = pytest.mark.gvisor
 
@@ -39,15 +38,7 @@ def tasks_gateway(
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"serve exited:\n{log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(ready, timeout=600, what="serve --tasks to have a warm sandbox")
+    wait_until_ready(url, process, log, timeout=600, what="serve --tasks to have a warm sandbox")
     yield url
     process.terminate()
     assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]

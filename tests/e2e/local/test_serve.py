@@ -14,7 +14,7 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, LeaseEnded
 from sandfleet.local.tools import ImageRef
-from tests.support.kube import wait_until
+from tests.support.servers import wait_until_ready
 
 pytestmark = pytest.mark.gvisor
 
@@ -43,15 +43,7 @@ def gateway(runsc: Path, base_image: ImageRef, tmp_path: Path) -> Iterator[str]:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"serve exited:\n{log.read_text()}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(ready, timeout=120, what="sandfleet serve to have a warm sandbox")
+    wait_until_ready(url, process, log, timeout=120, what="sandfleet serve to have a warm sandbox")
     assert runsc_sandboxes() > sandboxes_before
     yield url
     process.terminate()

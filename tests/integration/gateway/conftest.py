@@ -19,6 +19,7 @@ import pytest
 from sandfleet.core import api
 from sandfleet.core.model import image_key
 from tests.support.kube import Kubectl, wait_until
+from tests.support.servers import wait_until_ready
 
 REGIONS = ("us-east1", "europe-west4", "asia-southeast1")
 TOKENS = "actor-token actor-0 python,other\nother-token actor-1 other\n"
@@ -157,15 +158,7 @@ def start_gateway(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[
         gateway = Gateway(f"http://127.0.0.1:{port}", process, log)
         started.append(gateway)
 
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"gateway exited:\n{log.read_text()}")
-            try:
-                return httpx.get(f"{gateway.url}/readyz", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(ready, timeout=30, what="the gateway to be ready")
+        wait_until_ready(gateway.url, process, log, timeout=30, what="the gateway to be ready")
         return gateway
 
     yield start
