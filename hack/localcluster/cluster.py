@@ -1,4 +1,8 @@
-"""Brings the local cluster up and down: etcd, kube-apiserver, controller-manager, scheduler and kwok."""
+"""Brings the local cluster up and down: etcd, kube-apiserver, controller-manager, scheduler and kwok.
+
+With `--real-node` it also runs one real node (containerd, kubelet, kube-proxy, kube-router; see
+realnode.py) and the apiserver binds to that node's IP instead of loopback so pods can reach it.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +18,15 @@ from pathlib import Path
 
 import yaml
 
-from localcluster import build, nodes
+from localcluster import build, images, nodes, realnode
+from localcluster.addresses import KUBERNETES_SERVICE_IP, NODE_IP, SERVICE_CIDR
+from localcluster.addresses import KWOK_POD_CIDR as POD_CIDR
 from localcluster.paths import STATE_DIR
 from localcluster.pki import Pki, generate
 from localcluster.processes import Daemon
+from localcluster.realnode import RealNode, RealNodeSpec
 
-SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.244.0.0/16"  # handed to kwok for fake pod IPs; nothing is ever routed there
+__all__ = ["POD_CIDR", "SERVICE_CIDR", "LocalCluster", "Ports", "Topology"]
 
 
 def _port(name: str, default: int) -> int:
@@ -45,6 +51,7 @@ class Topology:
 
     nodes: int = 18  # 3 per zone: room for ~1,700 pods, so suites and short benchmarks fit together
     gpu_nodes: int = 2
+    real_node: RealNodeSpec | None = None
 
     def __post_init__(self) -> None:
         nodes.simulated_nodes(self.nodes, self.gpu_nodes)  # raises ValueError with the flag to fix
@@ -61,10 +68,27 @@ class LocalCluster:
         self.state_dir = state_dir
         self.ports = ports or Ports()
         self.pki = Pki(state_dir / "pki")
+        # A cluster started with --real-node says so in its state directory; later commands follow it.
+        self.real_node_spec = RealNodeSpec.load(self.real_node_file)
+
+    @property
+    def real_node_file(self) -> Path:
+        return self.state_dir / "real-node.json"
+
+    @property
+    def real_node(self) -> RealNode | None:
+        if self.real_node_spec is None:
+            return None
+        return RealNode(self.state_dir, self.real_node_spec, self.pki)
+
+    @property
+    def bind_address(self) -> str:
+        """Loopback; the real node's IP with --real-node (pods reach the apiserver there)."""
+        return NODE_IP if self.real_node_spec else "127.0.0.1"
 
     @property
     def server_url(self) -> str:
-        return f"https://127.0.0.1:{self.ports.apiserver}"
+        return f"https://{self.bind_address}:{self.ports.apiserver}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -104,8 +128,8 @@ class LocalCluster:
                 "kube-apiserver",
                 (
                     str(kube["kube-apiserver"]),
-                    "--bind-address=127.0.0.1",
-                    "--advertise-address=127.0.0.1",
+                    f"--bind-address={self.bind_address}",
+                    f"--advertise-address={self.bind_address}",
                     f"--secure-port={ports.apiserver}",
                     f"--etcd-servers={etcd_url}",
                     f"--tls-cert-file={pki.serving_cert}",
@@ -126,6 +150,8 @@ class LocalCluster:
                     "--max-mutating-requests-inflight=800",
                     "--profiling=false",
                     "--v=1",
+                    # The real node's name resolves nowhere (no DNS here): reach its kubelet by IP.
+                    *(["--kubelet-preferred-address-types=InternalIP"] if self.real_node_spec else []),
                 ),
                 p,
             ),
@@ -189,7 +215,11 @@ class LocalCluster:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def running(self) -> dict[str, int | None]:
-        return {d.name: d.pid() for d in self.daemons()}
+        running = {d.name: d.pid() for d in self.daemons()}
+        node = self.real_node
+        if node is not None:
+            running.update(node.running())
+        return running
 
     def is_up(self) -> bool:
         return all(self.running().values()) and self._apiserver_ready()
@@ -198,13 +228,28 @@ class LocalCluster:
         """Start the cluster (or reuse a healthy one) and reconcile its simulated nodes."""
         started = time.monotonic()
         build.build_all()
+        wanted = topology.real_node
+        gvisor_bin = realnode.gvisor_bin_dir() if wanted else None
         if self.is_up():
+            if wanted != self.real_node_spec:
+                have = (
+                    f"--real-node (region {self.real_node_spec.region})"
+                    if self.real_node_spec
+                    else "no real node"
+                )
+                raise SystemExit(
+                    f"the running cluster in {self.state_dir} has {have}: "
+                    "`hack/cluster down` first to change that"
+                )
             _log(f"reusing the running cluster at {self.server_url}")
         else:
-            if self.state_dir.exists():
+            if self.state_dir.exists() or _owns_node_link(self.state_dir):
                 _log("found a stopped or partial cluster: cleaning it up first")
                 self.down(quiet=True)
+            self.real_node_spec = wanted
             self._start()
+        if gvisor_bin is not None:
+            self._start_real_node(gvisor_bin)
         self.reconcile_nodes(topology)
         self._wait_for_service_accounts()
         self._write_info(topology)
@@ -212,7 +257,20 @@ class LocalCluster:
 
     def _start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        generate(self.pki, self.server_url)
+        node = self.real_node
+        if node is None:
+            generate(self.pki, self.server_url)
+        else:
+            assert self.real_node_spec is not None
+            node.claim_host()
+            # Saved once the host is ours: a `down` after a failure half-way cleans it up.
+            self.real_node_spec.save(self.real_node_file)
+            generate(
+                self.pki,
+                self.server_url,
+                extra_ips=(NODE_IP, KUBERNETES_SERVICE_IP),
+                extra_identities=realnode.identities(self.real_node_spec),
+            )
         self._write_configs()
         etcd, apiserver, *rest = self.daemons()
         etcd.start()
@@ -247,16 +305,107 @@ class LocalCluster:
     def _apiserver_ready(self) -> bool:
         if not self.kubeconfig.exists():
             return False
-        result = self.kubectl("get", "--raw=/readyz", check=False, timeout=5)
+        try:
+            result = self.kubectl("get", "--raw=/readyz", check=False, timeout=5)
+        except subprocess.TimeoutExpired:  # a loaded machine: not ready yet, ask again
+            return False
         return result.returncode == 0 and result.stdout.strip() == "ok"
+
+    def _start_real_node(self, gvisor_bin: Path) -> None:
+        """Start containerd, import the pause and sandbox images, then kubelet, kube-proxy, kube-router."""
+        node = self.real_node
+        assert node is not None
+        assert self.real_node_spec is not None
+        started = time.monotonic()
+        name = self.real_node_spec.name
+        if all(node.running().values()) and self._node_ready(name):
+            _log(f"reusing the running real node {name}")
+            return
+        pause_archive, pause_ref = images.pause_image()
+        sandbox_archive = realnode.sandbox_image_archive()
+        for daemon in reversed(node.daemons()):
+            daemon.stop()
+        node.write_configs(gvisor_bin, pause_ref)
+        _log("starting containerd")
+        node.start_runtime()
+        node.import_image(pause_archive)
+        node.import_image(sandbox_archive, realnode.SANDBOX_IMAGE_REF)
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": realnode.KUBE_ROUTER_RBAC}),
+        )
+        _log(f"starting kubelet, kube-proxy and kube-router for node {name}")
+        started_daemons = node.start("kubelet", "kube-proxy")
+        deadline = time.monotonic() + 120
+        while not self._node_ready(name):
+            for daemon in started_daemons:
+                if daemon.pid() is None:
+                    raise SystemExit(f"{daemon.name} exited while starting; its log:\n{daemon.log_tail()}")
+            if time.monotonic() > deadline:
+                kubelet = node.daemons()[1]
+                raise SystemExit(f"node {name} not Ready after 120s; kubelet log:\n{kubelet.log_tail(40)}")
+            time.sleep(0.5)
+        # Nothing allocates node CIDRs here (kwok's fake nodes need none); record the bridge's range
+        # so kube-router and anything reading spec.podCIDR see the truth.
+        self.kubectl(
+            "patch",
+            "node",
+            name,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"podCIDR": realnode.POD_CIDR, "podCIDRs": [realnode.POD_CIDR]}}),
+            check=False,
+        )
+        (router,) = node.start("kube-router")
+        time.sleep(1)
+        if router.pid() is None:
+            raise SystemExit(f"kube-router exited while starting; its log:\n{router.log_tail()}")
+        if self.kubectl("get", "runtimeclass", realnode.RUNTIME_CLASS, check=False).returncode != 0:
+            self.kubectl("create", "-f", "-", stdin=json.dumps(realnode.RUNTIME_CLASS_MANIFEST), check=False)
+        _log(f"real node {name} Ready in {time.monotonic() - started:.1f}s")
+
+    def _node_ready(self, name: str) -> bool:
+        if not self._apiserver_ready():
+            return False
+        try:
+            result = self.kubectl(
+                "get",
+                "node",
+                name,
+                "-o",
+                'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+                check=False,
+                timeout=10,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return result.returncode == 0 and result.stdout.strip() == "True"
+
+    def import_image(self, archive: Path, ref: str | None = None) -> str:
+        """Import an OCI archive into the real node's containerd; the name Pods use for it."""
+        node = self.real_node
+        if node is None or node.running().get("containerd") is None:
+            raise SystemExit("no real node runs: `hack/cluster up --real-node` first")
+        try:
+            return node.import_image(archive, ref)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
 
     def down(self, quiet: bool = False) -> None:
         """Stop every daemon (reverse order) and remove all state; leaves no process or port."""
+        node = self.real_node
+        if node is None and _owns_node_link(self.state_dir):
+            node = RealNode(self.state_dir, RealNodeSpec(), self.pki)
+        if node is not None:
+            node.teardown(quiet=quiet)
         for daemon in reversed(self.daemons()):
             if daemon.pid() is not None and not quiet:
                 _log(f"stopping {daemon.name}")
             daemon.stop()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.real_node_spec = None
         if not quiet:
             _log("cluster stopped and its state removed")
 
@@ -293,6 +442,8 @@ class LocalCluster:
         if extra:
             _log(f"deleting {len(extra)} simulated nodes beyond --nodes/--gpu-nodes")
             self.kubectl("delete", "node", "--wait=false", *extra, timeout=120)
+        if not wanted:
+            return
         self.kubectl(
             "wait",
             "--for=condition=Ready",
@@ -318,6 +469,15 @@ class LocalCluster:
             "server": self.server_url,
             "kubeconfig": str(self.kubeconfig),
             "topology": asdict(topology),
+            "real_node": (
+                {
+                    "name": self.real_node_spec.name,
+                    "ip": NODE_IP,
+                    "containerd": str(self.real_node.containerd_socket),
+                }
+                if self.real_node_spec and self.real_node
+                else None
+            ),
             "versions": {b.name: b.version() for b in build.cluster_builds()},
         }
         (self.state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
@@ -362,5 +522,14 @@ class LocalCluster:
                 per_region[region] = per_region.get(region, 0) + 1
             summary = ", ".join(f"{r}={n}" for r, n in sorted(per_region.items()))
             print(f"{'nodes':<24} {summary}")
+            if self.real_node_spec is not None:
+                name = self.real_node_spec.name
+                state = "Ready" if self._node_ready(name) else "not Ready"
+                print(f"{'real node':<24} {name} {NODE_IP} {state} ({self.real_node_spec.region})")
             print(f"{'kubeconfig':<24} {self.kubeconfig}")
         return ready
+
+
+def _owns_node_link(state_dir: Path) -> bool:
+    """Whether the host's real-node interface belongs to this cluster (it survives a lost state dir)."""
+    return realnode.host_owner() == str(state_dir)

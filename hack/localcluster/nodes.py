@@ -70,9 +70,14 @@ def _node(name: str, region: RegionShape, zone: str, gpus: int) -> dict[str, Any
 
 
 def simulated_nodes(count: int, gpu_count: int) -> list[dict[str, Any]]:
-    """`count` CPU nodes round-robin over every (region, zone), plus `gpu_count` GPU nodes."""
-    if count < len(REGIONS) * 2:
-        raise ValueError(f"--nodes must be at least {len(REGIONS) * 2} (one per region and zone)")
+    """`count` CPU nodes round-robin over every (region, zone), plus `gpu_count` GPU nodes.
+
+    `count` 0 means no simulated CPU nodes at all (a cluster around one real node).
+    """
+    if 0 < count < len(REGIONS) * 2:
+        raise ValueError(f"--nodes must be 0 or at least {len(REGIONS) * 2} (one per region and zone)")
+    if count < 0:
+        raise ValueError("--nodes must not be negative")
     if gpu_count < 0:
         raise ValueError("--gpu-nodes must not be negative")
     slots = [(region, zone) for region in REGIONS for zone in region.zones]

@@ -136,8 +136,17 @@ class Pki:
         return self.directory.parent / f"{stem}.kubeconfig"
 
 
-def generate(pki: Pki, server_url: str, extra_ips: tuple[str, ...] = ()) -> None:
-    """Create the CA, the apiserver's serving cert, the SA signing key and a kubeconfig per identity."""
+def generate(
+    pki: Pki,
+    server_url: str,
+    extra_ips: tuple[str, ...] = (),
+    extra_identities: tuple[Identity, ...] = (),
+) -> None:
+    """Create the CA, the apiserver's serving cert, the SA signing key and a kubeconfig per identity.
+
+    `extra_ips` join the serving cert's SANs (the real node's IP and the `kubernetes` Service IP);
+    `extra_identities` get a client cert and kubeconfig each (the real node's components).
+    """
     pki.directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = _sign(_name("sandfleet-local-ca"), ca_key.public_key(), None, ca_key, is_ca=True)
@@ -170,7 +179,7 @@ def generate(pki: Pki, server_url: str, extra_ips: tuple[str, ...] = ()) -> None
         )
     )
 
-    for identity in IDENTITIES:
+    for identity in (*IDENTITIES, *extra_identities):
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _sign(_name(identity.user, identity.groups), key.public_key(), ca_cert, ca_key, client=True)
         _write_key(pki.client_key(identity.file_stem), key)

@@ -27,12 +27,13 @@ class Daemon:
     def logfile(self) -> Path:
         return self.state_dir / "logs" / f"{self.name}.log"
 
-    def start(self) -> int:
+    def start(self, env: dict[str, str] | None = None) -> int:
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with self.logfile.open("ab") as log:
             proc = subprocess.Popen(
                 self.argv,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -34,5 +34,10 @@ def test_regions_differ_in_capacity() -> None:
 
 
 def test_too_few_nodes_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="--nodes must be at least 6"):
+    with pytest.raises(ValueError, match="--nodes must be 0 or at least 6"):
         simulated_nodes(3, 0)
+
+
+def test_no_simulated_nodes_is_allowed() -> None:
+    assert simulated_nodes(0, 0) == []
+    assert len(simulated_nodes(0, 2)) == 2
