@@ -10,6 +10,7 @@ test: bootstrap
 	hack/cluster build
 	hack/gvisor build
 	sandbox_image/build
+	hack/product-image build
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest tests
 
