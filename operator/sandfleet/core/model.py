@@ -55,6 +55,7 @@ class Template:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     readiness_deadline_seconds: int = 120
+    service_account_name: str | None = None
 
     @property
     def requests(self) -> Resources:
@@ -78,6 +79,9 @@ class Template:
             "nodeSelector": dict(self.node_selector),
             "tolerations": list(self.tolerations),
         }
+        # Only when set, so pools that never name an account keep their hash (and their Pods).
+        if self.service_account_name:
+            material["serviceAccountName"] = self.service_account_name
         digest = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:10]
 
@@ -197,6 +201,7 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
         node_selector={str(k): str(v) for k, v in (tpl.get("nodeSelector") or {}).items()},
         tolerations=tuple(dict(t) for t in tpl.get("tolerations") or ()),
         readiness_deadline_seconds=int(tpl.get("readinessDeadlineSeconds", 120)),
+        service_account_name=str(tpl["serviceAccountName"]) if tpl.get("serviceAccountName") else None,
     )
     regions = tuple(
         RegionSpec(

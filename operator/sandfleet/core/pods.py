@@ -80,6 +80,8 @@ def sandbox_pod(
     }
     if template.tolerations:
         spec["tolerations"] = [dict(t) for t in template.tolerations]
+    if template.service_account_name:
+        spec["serviceAccountName"] = template.service_account_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",

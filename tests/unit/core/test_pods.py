@@ -54,6 +54,26 @@ def test_template_hash_follows_what_changes_the_pod() -> None:
     assert replace(template, readiness_deadline_seconds=99).hash == template.hash
 
 
+def test_a_named_service_account_reaches_the_pod_and_rolls_it() -> None:
+    plain = pool_from_object(POOL_OBJECT)
+    assert plain.template.service_account_name is None
+    assert (
+        "serviceAccountName"
+        not in sandbox_pod(plain, plain.template, name="p-1", region="us-east1", zone=None)["spec"]
+    )
+    body = {**POOL_OBJECT, "spec": {**POOL_OBJECT["spec"]}}
+    body["spec"]["template"] = {**POOL_OBJECT["spec"]["template"], "serviceAccountName": "sandbox"}
+    named = pool_from_object(body)
+    spec = sandbox_pod(named, named.template, name="p-1", region="us-east1", zone=None)["spec"]
+    assert spec["serviceAccountName"] == "sandbox"
+    assert spec["automountServiceAccountToken"] is False
+    # Naming an account changes the Pod, so it rolls; pools that never name one keep their hash.
+    assert named.template.hash != plain.template.hash
+    from dataclasses import replace
+
+    assert replace(named.template, service_account_name=None).hash == plain.template.hash
+
+
 def test_sandbox_pod_round_trips_through_sandbox_from_pod() -> None:
     pool = pool_from_object(POOL_OBJECT)
     pod = sandbox_pod(
