@@ -1,6 +1,6 @@
 """The typed Python client, async and sync: lease sandboxes, run commands, move files, evaluate.
 
-    async with AsyncFleet() as fleet:                      # SANDFLEET_URL, SANDFLEET_TOKEN
+    async with AsyncFleet() as fleet:      # SANDFLEET_URL, SANDFLEET_TOKEN (or SANDFLEET_TOKEN_FILE)
         async with fleet.lease(pool="python", labels={"run": "r1"}) as sb:
             result = await sb.exec(["python", "-c", "print(6 * 7)"])
 
@@ -13,9 +13,10 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -259,10 +260,38 @@ def _profile_call(run: str, window_seconds: float) -> _Call:
     return _Call("GET", f"/v1/runs/{run}/profile", params={"window_seconds": window_seconds}, retry=True)
 
 
-def _settings(url: str | None, token: str | None) -> tuple[str, dict[str, str]]:
+class TokenFile(httpx.Auth):
+    """A bearer token read from a file, re-read when the file changes.
+
+    Kubernetes rotates a projected ServiceAccount token in place (the gateway reviews it with
+    TokenReview), so a long-running actor or learner must not keep the first one it read.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._seen: tuple[float, str] | None = None
+
+    def token(self) -> str:
+        mtime = self.path.stat().st_mtime
+        if self._seen is None or self._seen[0] != mtime:
+            self._seen = (mtime, self.path.read_text().strip())
+        return self._seen[1]
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self.token()}"
+        yield request
+
+
+def _settings(
+    url: str | None, token: str | None, token_file: str | Path | None = None
+) -> tuple[str, dict[str, str], httpx.Auth | None]:
+    """Base URL, static headers and auth: a token given wins over a token file, arguments over env."""
     url = url or os.environ.get("SANDFLEET_URL", DEFAULT_URL)
-    token = token or os.environ.get("SANDFLEET_TOKEN")
-    return url.rstrip("/"), ({"Authorization": f"Bearer {token}"} if token else {})
+    if token is None and token_file is None:
+        token = os.environ.get("SANDFLEET_TOKEN")
+        token_file = None if token else os.environ.get("SANDFLEET_TOKEN_FILE")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return url.rstrip("/"), headers, (TokenFile(token_file) if token_file and not token else None)
 
 
 # -- async ------------------------------------------------------------------------------------
@@ -278,10 +307,13 @@ class AsyncFleet:
         timeout: float = 660.0,
         retries: int = 3,
         transport: httpx.AsyncBaseTransport | None = None,
+        token_file: str | Path | None = None,
     ) -> None:
-        base, headers = _settings(url, token)
+        base, headers, auth = _settings(url, token, token_file)
         self.retries = retries
-        self.http = httpx.AsyncClient(base_url=base, headers=headers, timeout=timeout, transport=transport)
+        self.http = httpx.AsyncClient(
+            base_url=base, headers=headers, auth=auth, timeout=timeout, transport=transport
+        )
 
     async def __aenter__(self) -> AsyncFleet:
         return self
@@ -438,10 +470,13 @@ class Fleet:
         timeout: float = 660.0,
         retries: int = 3,
         transport: httpx.BaseTransport | None = None,
+        token_file: str | Path | None = None,
     ) -> None:
-        base, headers = _settings(url, token)
+        base, headers, auth = _settings(url, token, token_file)
         self.retries = retries
-        self.http = httpx.Client(base_url=base, headers=headers, timeout=timeout, transport=transport)
+        self.http = httpx.Client(
+            base_url=base, headers=headers, auth=auth, timeout=timeout, transport=transport
+        )
 
     def __enter__(self) -> Fleet:
         return self

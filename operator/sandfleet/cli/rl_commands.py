@@ -1,15 +1,44 @@
-"""`sandfleet rl`: build the real tasks' image and run the reference async actor/learner loop."""
+"""`sandfleet rl`: build the real tasks' image, run the loop in one process, or run its learner and actors.
+
+`rl run` is the demo's path (actors and learner in one process). `rl learner` and `rl actor` are the
+same classes as separate processes, as the chart's GPU Deployments run them: both reach the gateway
+(`--url`, SANDFLEET_GATEWAY_URL or SANDFLEET_URL; `--token`/SANDFLEET_TOKEN or `--token-file`/
+SANDFLEET_TOKEN_FILE for a projected ServiceAccount token), and actors reach the learner's endpoint
+(`--learner-url`, SANDFLEET_LEARNER_URL).
+"""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from sandfleet.cli import app
 from sandfleet.cli.client_commands import TOKEN, URL, console
+
+if TYPE_CHECKING:
+    from sandfleet.rl.loop import Learner, LoopStats
+
+GATEWAY_URL = Annotated[
+    str | None,
+    typer.Option("--url", envvar=["SANDFLEET_GATEWAY_URL", "SANDFLEET_URL"], help="Gateway URL."),
+]
+TOKEN_FILE = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        envvar="SANDFLEET_TOKEN_FILE",
+        help="File holding the bearer token, re-read when it changes (a projected ServiceAccount token).",
+    ),
+]
+RUN = Annotated[
+    str, typer.Option("--run", envvar="SANDFLEET_RUN", help="Run name (labels, policy, profile).")
+]
+SEED = Annotated[int, typer.Option(envvar="SANDFLEET_SEED", help="Random seed.")]
+DURATION = Annotated[float, typer.Option(min=0, help="Seconds to run; 0 runs until SIGTERM or SIGINT.")]
 
 rl = typer.Typer(help="The reference RL loop: real tasks, async actors, a learner.", no_args_is_help=True)
 app.add_typer(rl, name="rl")
@@ -51,7 +80,7 @@ def run(
     from sandfleet.cli.run_commands import profile_svg, render_profile
     from sandfleet.client import AsyncFleet
     from sandfleet.core.svg import line_chart
-    from sandfleet.rl.loop import LoopConfig, LoopStats, reward_curve, run_loop
+    from sandfleet.rl.loop import LoopConfig, reward_curve, run_loop
 
     config = LoopConfig(
         run=run_name,
@@ -117,3 +146,142 @@ def run(
                 indent=2,
             )
         )
+
+
+@rl.command("learner")
+def learner(
+    run_name: RUN = "demo",
+    host: Annotated[
+        str, typer.Option(envvar="SANDFLEET_LEARNER_HOST", help="Address the endpoint listens on.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, envvar="SANDFLEET_LEARNER_PORT", help="Endpoint port.")
+    ] = 8500,
+    batch_size: Annotated[int, typer.Option(min=1, help="Trajectories per learner step.")] = 4,
+    staleness_bound: Annotated[int, typer.Option(min=0, help="Versions an actor may lag.")] = 4,
+    mode: Annotated[str, typer.Option(help="Stale acquires: refuse or flag.")] = "refuse",
+    learning_rate: Annotated[float, typer.Option(min=0, help="Policy-gradient step size.")] = 1.0,
+    clip: Annotated[float, typer.Option(min=0.01, help="Importance-weight truncation level.")] = 2.0,
+    device: Annotated[
+        str,
+        typer.Option(
+            envvar="SANDFLEET_DEVICE", help="numpy (default), auto (cuda if torch sees one), cpu, cuda."
+        ),
+    ] = "numpy",
+    seed: SEED = 0,
+    duration: DURATION = 0.0,
+    url: GATEWAY_URL = None,
+    token: TOKEN = None,
+    token_file: TOKEN_FILE = None,
+) -> None:
+    """Serve the learner: actors POST trajectories and GET weights; versions go to the gateway."""
+    import asyncio
+
+    from sandfleet.client import AsyncFleet
+    from sandfleet.rl.loop import Learner, LoopConfig, LoopStats
+    from sandfleet.rl.processes import stop_after, stop_on_signals
+    from sandfleet.rl.service import serve_learner
+    from sandfleet.rl.torch_policy import TorchUnavailable, make_policy, resolve_device
+
+    if mode not in ("refuse", "flag"):
+        raise typer.BadParameter("--mode must be refuse or flag")
+    config = LoopConfig(run=run_name, batch_size=batch_size, staleness_bound=staleness_bound, mode=mode,
+                        learning_rate=learning_rate, clip=clip, seed=seed)  # fmt: skip
+    try:
+        resolved = resolve_device(device)
+        policy = make_policy({t.name: len(t.candidates) for t in config.tasks}, resolved, seed)
+    except (TorchUnavailable, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+
+    def progress(learner: Learner) -> None:
+        typer.echo(f"learner stats: {json.dumps(learner.summary(), sort_keys=True)}", err=True)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        timer = asyncio.create_task(stop_after(stop, duration))
+        async with AsyncFleet(url=url, token=token, token_file=token_file) as fleet:
+            learner = Learner(fleet, config, LoopStats(), policy)
+            console.print(f"learner: run {run_name!r}, {resolved}, on http://{host}:{port}")
+            await serve_learner(learner, host, port, stop, progress)
+        timer.cancel()
+
+    _run_process(main, "learner")
+
+
+@rl.command("actor")
+def actor(
+    learner_url: Annotated[
+        str,
+        typer.Option(
+            envvar="SANDFLEET_LEARNER_URL", help="The learner's endpoint, e.g. http://learner:8500."
+        ),
+    ],
+    run_name: RUN = "demo",
+    pool: Annotated[
+        str, typer.Option(envvar="SANDFLEET_POOL", help="Pool serving the task image.")
+    ] = "default",
+    name: Annotated[
+        str | None, typer.Option(envvar="SANDFLEET_ACTOR_NAME", help="Actor name (default: the host name).")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Episodes in flight in this process.")] = 1,
+    think: Annotated[float, typer.Option(min=0, help="Simulated generation seconds per episode.")] = 0.2,
+    wait: Annotated[float, typer.Option(min=1, help="Seconds to wait in the gateway's queue.")] = 60.0,
+    grace: Annotated[
+        float, typer.Option(min=0, help="Seconds an episode in flight may take to finish on SIGTERM.")
+    ] = 30.0,
+    seed: SEED = 0,
+    duration: DURATION = 0.0,
+    url: GATEWAY_URL = None,
+    token: TOKEN = None,
+    token_file: TOKEN_FILE = None,
+) -> None:
+    """Run episodes: lease a sandbox each, act with the learner's newest weights, send the trajectory."""
+    import asyncio
+
+    from sandfleet.client import AsyncFleet
+    from sandfleet.rl.loop import LoopConfig
+    from sandfleet.rl.processes import run_actors, stop_after, stop_on_signals
+    from sandfleet.rl.transport import LearnerClient
+
+    base = name or socket.gethostname()
+    names = [base] if concurrency == 1 else [f"{base}-{i}" for i in range(concurrency)]
+    config = LoopConfig(run=run_name, pool=pool, think_seconds=think, seed=seed)
+
+    def progress(stats: LoopStats) -> None:
+        recent = stats.rewards[-20:]
+        summary = {
+            "actor": base,
+            "episodes": stats.episodes,
+            "refused": stats.refused,
+            "errors": len(stats.errors),
+            "mean_reward_last_20": sum(recent) / len(recent) if recent else 0.0,
+            "last_error": stats.errors[-1] if stats.errors else None,
+        }
+        typer.echo(f"actor stats: {json.dumps(summary, sort_keys=True)}", err=True)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        timer = asyncio.create_task(stop_after(stop, duration))
+        async with (
+            AsyncFleet(url=url, token=token, token_file=token_file) as fleet,
+            LearnerClient(learner_url) as link,
+        ):
+            console.print(f"actor {base}: run {run_name!r}, pool {pool!r}, learner {learner_url}")
+            await run_actors(fleet, config, link, names, stop, grace, wait, progress)
+        timer.cancel()
+
+    _run_process(main, "actor")
+
+
+def _run_process(main: Any, what: str) -> None:
+    """Run a process's main; a failure is one line and exit code 1, a signal a clean exit 0."""
+    import asyncio
+
+    try:
+        asyncio.run(main())
+    except Exception as error:
+        console.print(f"[red]{what} error:[/red] {type(error).__name__}: {error}")
+        raise typer.Exit(1) from None

@@ -1,9 +1,13 @@
 """The reference async loop through the gateway: actors lease a sandbox per episode, a learner trains.
 
-Actors and the learner run concurrently (asyncio here; separate Deployments in the chart share the
-same classes). An actor takes the newest weights it has (the weight sync), leases a sandbox for
-its policy version, reads the broken file, chooses an edit, writes it, and gets the reward from the
-package's own tests through `evaluate`. The learner consumes trajectories as they arrive, corrects
+Actors and the learner run concurrently: in one process (`run_loop`, the demo: actors hand
+trajectories to the learner through a `LocalLink`) or as separate processes (`sandfleet rl learner`
+and `sandfleet rl actor`, the chart's Deployments: a `transport.LearnerClient` over the learner's
+HTTP endpoint). Both paths run these same `Actor` and `Learner` classes.
+
+An actor takes the newest weights it has (the weight sync), leases a sandbox for its policy
+version, reads the broken file, chooses an edit, writes it, and gets the reward from the package's
+own tests through `evaluate`. The learner consumes trajectories as they arrive, corrects
 for policy lag (staleness drops, truncated importance weights), updates, and publishes each new
 version to the gateway, which then refuses acquires that fall too far behind.
 
@@ -16,14 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from sandfleet.client import AsyncFleet, NotFound, PolicyConflict, SpanReport
 from sandfleet.core.profile import percentile
-from sandfleet.rl.policy import SoftmaxPolicy, Trajectory, UpdateStats
+from sandfleet.rl.policy import Array, SoftmaxPolicy, Trajectory, UpdateStats
 from sandfleet.rl.tasks import TASKS, Task, apply_edit
 
 
@@ -62,16 +68,48 @@ class LoopStats:
         return {f"p{q}": percentile(self.lease_seconds, q) for q in (50, 90, 99)}
 
 
+class LearnerClosed(RuntimeError):
+    """The learner is shutting down (or its inbox is full) and takes no more trajectories."""
+
+
+class TrainablePolicy(Protocol):
+    """What the learner trains: the numpy `SoftmaxPolicy` or the torch one (`sandfleet.rl.torch_policy`)."""
+
+    version: int
+
+    def probabilities(self, task: str) -> Array: ...
+
+    def snapshot(self) -> SoftmaxPolicy: ...
+
+    def update(
+        self, batch: Sequence[Trajectory], staleness_bound: int, learning_rate: float, clip: float
+    ) -> UpdateStats: ...
+
+
 class Learner:
     """Consumes trajectories asynchronously, corrects for lag, updates, publishes versions."""
 
-    def __init__(self, fleet: AsyncFleet, config: LoopConfig, stats: LoopStats) -> None:
+    def __init__(
+        self,
+        fleet: AsyncFleet,
+        config: LoopConfig,
+        stats: LoopStats,
+        policy: TrainablePolicy | None = None,
+        inbox_limit: int = 10_000,
+    ) -> None:
         self.fleet = fleet
         self.config = config
         self.stats = stats
-        self.policy = SoftmaxPolicy({t.name: len(t.candidates) for t in config.tasks}, seed=config.seed)
+        self.policy: TrainablePolicy = policy or SoftmaxPolicy(
+            {t.name: len(t.candidates) for t in config.tasks}, seed=config.seed
+        )
         self.published = self.policy.snapshot()
-        self.inbox: asyncio.Queue[Trajectory] = asyncio.Queue()
+        # Bounded so a learner that falls behind pushes back (429) instead of growing without limit.
+        self.inbox: asyncio.Queue[Trajectory] = asyncio.Queue(maxsize=inbox_limit)
+        self.closed = False
+        self.received = 0
+        self.received_rewards: list[float] = []
+        self.by_actor: Counter[str] = Counter()
 
     async def start(self) -> None:
         """Publish the starting version; a run that exists already continues its numbering."""
@@ -89,20 +127,37 @@ class Learner:
         """The newest published weights (actors call this at the start of each episode)."""
         return self.published
 
+    def submit(self, trajectory: Trajectory) -> None:
+        """Queue a trajectory for training; LearnerClosed once stopping (or when the inbox is full)."""
+        if self.closed:
+            raise LearnerClosed("the learner is shutting down")
+        try:
+            self.inbox.put_nowait(trajectory)
+        except asyncio.QueueFull:
+            raise LearnerClosed(f"the learner's inbox is full ({self.inbox.maxsize})") from None
+        self.received += 1
+        self.received_rewards.append(trajectory.reward)
+        self.by_actor[trajectory.actor] += 1
+
     async def run(self, stop: asyncio.Event) -> None:
-        while not (stop.is_set() and self.inbox.empty()):
+        """Train until `stop`; then take no more, train on what is queued, publish the last version."""
+        while not stop.is_set():
             batch = await self._batch(stop)
             if batch:
                 await self.step(batch)
+        self.closed = True
+        while not self.inbox.empty():
+            await self.step([self.inbox.get_nowait() for _ in range(min(self.inbox.qsize(), 64))])
+        # Republishing is idempotent; it makes sure the gateway ends on the version actors last saw.
+        await self.fleet.publish_policy(self.config.run, self.published.version)
 
     async def _batch(self, stop: asyncio.Event) -> list[Trajectory]:
         batch: list[Trajectory] = []
-        while len(batch) < self.config.batch_size:
+        while len(batch) < self.config.batch_size and not stop.is_set():
             try:
                 batch.append(await asyncio.wait_for(self.inbox.get(), timeout=0.5))
             except TimeoutError:
-                if stop.is_set():
-                    break
+                continue
         return batch
 
     async def step(self, batch: list[Trajectory]) -> UpdateStats:
@@ -127,6 +182,51 @@ class Learner:
         )
         return update
 
+    def summary(self) -> dict[str, Any]:
+        """What the learner has seen and done (the endpoint's /v1/stats; the process's last line)."""
+        recent = self.received_rewards[-20:]
+        return {
+            "run": self.config.run,
+            "version": self.published.version,
+            "received": self.received,
+            "by_actor": dict(self.by_actor),
+            "queued": self.inbox.qsize(),
+            "learner_steps": len(self.stats.updates),
+            "dropped_stale": self.stats.dropped_stale,
+            "mean_reward": sum(self.received_rewards) / len(self.received_rewards)
+            if self.received_rewards
+            else 0.0,
+            "mean_reward_last_20": sum(recent) / len(recent) if recent else 0.0,
+            "probabilities_correct": {
+                t.name: float(self.policy.probabilities(t.name)[t.correct]) for t in self.config.tasks
+            },
+        }
+
+
+class PolicyLink(Protocol):
+    """How an actor reaches its learner: in this process (`LocalLink`) or over HTTP (`LearnerClient`)."""
+
+    async def weights(self) -> SoftmaxPolicy:
+        """The newest weights the learner has published (the weight sync)."""
+        ...
+
+    async def send(self, trajectory: Trajectory) -> None:
+        """Hand a finished episode to the learner."""
+        ...
+
+
+class LocalLink:
+    """Actors and the learner in one process: the learner's inbox is an asyncio.Queue."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+
+    async def weights(self) -> SoftmaxPolicy:
+        return self.learner.weights()
+
+    async def send(self, trajectory: Trajectory) -> None:
+        self.learner.submit(trajectory)
+
 
 class Actor:
     """Runs episodes one after another: one leased sandbox per episode."""
@@ -136,19 +236,20 @@ class Actor:
         name: str,
         fleet: AsyncFleet,
         config: LoopConfig,
-        weights: Callable[[], SoftmaxPolicy],
-        send: Callable[[Trajectory], None],
+        link: PolicyLink,
         stats: LoopStats,
+        wait_seconds: float = 60.0,
     ) -> None:
         self.name = name
         self.fleet = fleet
         self.config = config
-        self.weights = weights
-        self.send = send
+        self.link = link
         self.stats = stats
+        self.wait_seconds = wait_seconds
         self.rng = np.random.default_rng([config.seed, *name.encode()])
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Episodes until `stop` (checked between episodes: one in flight finishes and is sent)."""
         episode = 0
         while not stop.is_set():
             task = self.config.tasks[int(self.rng.integers(len(self.config.tasks)))]
@@ -162,7 +263,7 @@ class Actor:
             episode += 1
 
     async def episode(self, task: Task, episode: str) -> Trajectory:
-        policy = self.weights()  # weight sync: whatever the learner published last
+        policy = await self.link.weights()  # weight sync: whatever the learner published last
         spans: list[SpanReport] = []
 
         def span(phase: str, start: float) -> float:
@@ -171,9 +272,10 @@ class Actor:
             return now
 
         t = time.time()
-        labels = {"run": self.config.run, "episode": episode, "task": task.name}
+        # The actor label lets a stopping actor find (and release) a lease it may not have heard of.
+        labels = {"run": self.config.run, "episode": episode, "task": task.name, "actor": self.name}
         async with self.fleet.lease(
-            self.config.pool, labels=labels, policy_version=policy.version, wait_seconds=60
+            self.config.pool, labels=labels, policy_version=policy.version, wait_seconds=self.wait_seconds
         ) as sandbox:
             t = span("sandbox_wait", t)
             self.stats.lease_seconds.append(spans[-1].end - spans[-1].start)
@@ -189,11 +291,21 @@ class Actor:
             t = span("score", t)
         reward = float(result.get("reward", 0.0))
         trajectory = Trajectory(task.name, action, logp, reward, policy.version, self.name)
-        self.send(trajectory)
         self.stats.episodes += 1
         self.stats.rewards.append(reward)
         await self.fleet.report_spans(self.config.run, spans)
+        await self.link.send(trajectory)
         return trajectory
+
+
+async def stop_actors(actors: list[asyncio.Task[None]], grace_seconds: float) -> None:
+    """Let episodes in flight finish within the grace; cancel the rest (their leases are released)."""
+    if not actors:
+        return
+    _, pending = await asyncio.wait(actors, timeout=grace_seconds)
+    for task in pending:
+        task.cancel()  # `fleet.lease` releases the lease on the way out
+    await asyncio.gather(*actors, return_exceptions=True)
 
 
 async def run_loop(
@@ -203,13 +315,11 @@ async def run_loop(
     stats = LoopStats()
     learner = Learner(fleet, config, stats)
     await learner.start()
-    stop = asyncio.Event()
-    actors = [
-        Actor(f"actor-{i}", fleet, config, learner.weights, learner.inbox.put_nowait, stats)
-        for i in range(config.actors)
-    ]
+    stop, stop_learner = asyncio.Event(), asyncio.Event()
+    link = LocalLink(learner)
+    actors = [Actor(f"actor-{i}", fleet, config, link, stats) for i in range(config.actors)]
     tasks = [asyncio.create_task(a.run(stop)) for a in actors]
-    learning = asyncio.create_task(learner.run(stop))
+    learning = asyncio.create_task(learner.run(stop_learner))
     deadline = time.monotonic() + config.duration_seconds
     try:
         while time.monotonic() < deadline:
@@ -218,9 +328,11 @@ async def run_loop(
                 progress(stats)
         stop.set()
         await asyncio.gather(*tasks)
+        stop_learner.set()  # after the actors: their last trajectories are trained on, not refused
         await learning
     finally:
         stop.set()
+        stop_learner.set()
         for task in [*tasks, learning]:
             task.cancel()
         await asyncio.gather(*tasks, learning, return_exceptions=True)

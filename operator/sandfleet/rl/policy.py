@@ -8,8 +8,9 @@ dropped, and the rest are reweighted by truncated importance weights min(pi_new/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +28,21 @@ class Trajectory:
     reward: float
     policy_version: int
     actor: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Trajectory:
+        """A trajectory from its JSON form (KeyError/TypeError/ValueError when malformed)."""
+        return cls(
+            task=str(data["task"]),
+            action=int(data["action"]),
+            behaviour_logp=float(data["behaviour_logp"]),
+            reward=float(data["reward"]),
+            policy_version=int(data["policy_version"]),
+            actor=str(data.get("actor", "")),
+        )
 
 
 def softmax(logits: Array) -> Array:
@@ -87,6 +103,21 @@ class SoftmaxPolicy:
         copy.logits = {t: v.copy() for t, v in self.logits.items()}
         copy.version = self.version
         return copy
+
+    def to_json(self) -> dict[str, Any]:
+        """The weights as actors need them (version and logits), JSON-ready: the weight sync's payload."""
+        return {"version": self.version, "logits": {t: v.tolist() for t, v in self.logits.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SoftmaxPolicy:
+        """Weights sent by `to_json` (ValueError when malformed)."""
+        logits = {str(t): np.asarray(v, dtype=np.float64) for t, v in dict(data["logits"]).items()}
+        if any(v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)) for v in logits.values()):
+            raise ValueError("logits must be non-empty lists of finite numbers")
+        policy = cls({t: v.size for t, v in logits.items()})
+        policy.logits = logits
+        policy.version = int(data["version"])
+        return policy
 
     def update(
         self,

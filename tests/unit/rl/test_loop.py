@@ -1,0 +1,112 @@
+"""The loop's Actor and Learner over an in-memory fleet: in one process, with shutdown and drains."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import pytest
+
+from sandfleet.client import AsyncFleet
+from sandfleet.rl.loop import Actor, Learner, LearnerClosed, LocalLink, LoopConfig, LoopStats, run_loop
+from sandfleet.rl.policy import Trajectory
+from sandfleet.rl.processes import release_own_leases, run_actors, stop_after
+from tests.unit.rl.fakes import FakeFleet
+
+
+def as_fleet(fake: FakeFleet) -> AsyncFleet:
+    return cast(AsyncFleet, fake)
+
+
+async def test_run_loop_shares_the_actor_and_learner_and_trains_on_every_episode() -> None:
+    fake = FakeFleet()
+    config = LoopConfig(run="r", actors=2, duration_seconds=1.0, batch_size=2, think_seconds=0.01)
+    stats, learner = await run_loop(as_fleet(fake), config)
+    assert stats.episodes >= 4, stats.errors
+    assert not stats.errors
+    assert learner.received == stats.episodes  # the last trajectories were trained on, not refused
+    assert learner.inbox.empty()
+    assert set(learner.by_actor) == {"actor-0", "actor-1"}
+    assert fake.published[0] == 0
+    assert fake.published[-1] == learner.policy.version >= 1
+    assert not fake.live  # every lease released
+    phases = {s.phase for s in fake.spans}
+    assert {"sandbox_wait", "tool", "generate", "score", "train", "weight_sync"} <= phases
+
+
+async def test_a_learner_continues_the_runs_numbering() -> None:
+    fake = FakeFleet(published=[7])
+    learner = Learner(as_fleet(fake), LoopConfig(run="r"), LoopStats())
+    await learner.start()
+    assert learner.weights().version == 7
+    assert fake.published == [7, 7]
+    assert fake.bound == 4
+
+
+async def test_stopping_the_learner_drains_refuses_and_publishes_the_last_version() -> None:
+    fake = FakeFleet()
+    config = LoopConfig(run="r", batch_size=100)  # never a full batch: only the drain trains
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    for _ in range(3):
+        learner.submit(Trajectory("toolz-frequencies", 2, -1.386, 1.0, 0, "a"))
+    stop = asyncio.Event()
+    running = asyncio.create_task(learner.run(stop))
+    await asyncio.sleep(0.05)
+    stop.set()
+    await running
+    assert learner.inbox.empty()
+    assert learner.weights().version == 1 == fake.published[-1]
+    assert learner.summary()["received"] == 3
+    with pytest.raises(LearnerClosed, match="shutting down"):
+        learner.submit(Trajectory("toolz-frequencies", 2, -1.386, 1.0, 0, "a"))
+
+
+async def test_a_full_inbox_pushes_back() -> None:
+    learner = Learner(as_fleet(FakeFleet()), LoopConfig(), LoopStats(), inbox_limit=1)
+    learner.submit(Trajectory("toolz-frequencies", 0, -1.0, 0.0, 0))
+    with pytest.raises(LearnerClosed, match="full"):
+        learner.submit(Trajectory("toolz-frequencies", 0, -1.0, 0.0, 0))
+
+
+async def test_an_episode_rewards_the_fix_and_labels_its_lease_with_the_actor() -> None:
+    fake = FakeFleet()
+    config = LoopConfig(run="r", think_seconds=0.0)
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    stats = LoopStats()
+    actor = Actor("a0", as_fleet(fake), config, LocalLink(learner), stats)
+    rewards = set()
+    for index in range(20):
+        task = config.tasks[index % len(config.tasks)]
+        trajectory = await actor.episode(task, f"e{index}")
+        rewards.add(trajectory.reward)
+        assert trajectory.reward == float(task.candidates[trajectory.action] == task.original)
+    assert rewards == {0.0, 1.0}
+    assert learner.received == stats.episodes == 20
+
+
+async def test_actors_stop_within_the_grace_and_release_their_leases() -> None:
+    fake = FakeFleet(evaluate_seconds=10.0)  # an episode that will not finish in the grace
+    config = LoopConfig(run="r", think_seconds=0.0)
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    stop = asyncio.Event()
+    stopper = asyncio.create_task(stop_after(stop, 0.2))
+    started = asyncio.get_running_loop().time()
+    stats = await run_actors(
+        as_fleet(fake), config, LocalLink(learner), ["a0", "a1"], stop, grace_seconds=0.2
+    )
+    await stopper
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert stats.episodes == 0
+    assert not fake.live
+    assert len(fake.released) == 2  # both in-flight leases, released by the cancelled episodes
+
+
+async def test_release_own_leases_leaves_other_actors_alone() -> None:
+    fake = FakeFleet()
+    mine = fake.grant({"run": "r", "actor": "a0"}, 0)
+    theirs = fake.grant({"run": "r", "actor": "b0"}, 0)
+    assert await release_own_leases(as_fleet(fake), "r", ["a0"]) == [mine.id]
+    assert list(fake.live) == [theirs.id]
