@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -12,34 +12,51 @@ from sandfleet.cli import app
 
 @app.command()
 def gateway(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    host: Annotated[str | None, typer.Option(help="Address to listen on [default: 0.0.0.0].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on [default: 8080].")] = None,
     namespace: Annotated[
-        str, typer.Option("--namespace", "-n", help="Namespace whose pools to serve.")
-    ] = "default",
+        str | None,
+        typer.Option("--namespace", "-n", help="Namespace whose pools to serve [default: default]."),
+    ] = None,
     auth: Annotated[
-        str, typer.Option(help="kubernetes (TokenReview + RBAC), static (token file) or none.")
-    ] = "kubernetes",
+        str | None,
+        typer.Option(
+            help="kubernetes (TokenReview + RBAC), static (token file) or none [default: kubernetes]."
+        ),
+    ] = None,
     token_file: Annotated[
         Path | None, typer.Option(help="Static tokens, lines `TOKEN NAME [POOLS]`.")
     ] = None,
-    max_waiting: Annotated[int, typer.Option(help="Callers that may queue per pool.")] = 1000,
+    token_audience: Annotated[
+        list[str] | None,
+        typer.Option(help="Audience a caller's token must carry (repeatable) [default: the apiserver's]."),
+    ] = None,
+    max_waiting: Annotated[
+        int | None, typer.Option(help="Callers that may queue per pool [default: 1000].")
+    ] = None,
 ) -> None:
-    """Serve the Kubernetes runtime's pools (kubeconfig or in-cluster config)."""
+    """Serve the Kubernetes runtime's pools (kubeconfig or in-cluster config).
+
+    Every option can also come from SANDFLEET_GATEWAY_<OPTION> (e.g. SANDFLEET_GATEWAY_NAMESPACE;
+    lists as JSON); a flag given on the command line wins over the environment.
+    """
     from pydantic import ValidationError
 
     from sandfleet.gateway.main import run
     from sandfleet.gateway.settings import GatewaySettings
 
+    given: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "namespace": namespace,
+        "auth": auth,
+        "token_file": token_file,
+        "token_audiences": token_audience or None,
+        "max_waiting": max_waiting,
+    }
+    # Only flags actually given are passed, so the environment fills in the rest.
     try:
-        settings = GatewaySettings(
-            host=host,
-            port=port,
-            namespace=namespace,
-            auth=auth,
-            token_file=token_file,
-            max_waiting=max_waiting,
-        )
+        settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as error:
         first = error.errors()[0]
         raise typer.BadParameter(f"{first['loc'][0]}: {first['msg']}") from None

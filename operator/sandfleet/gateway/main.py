@@ -16,7 +16,7 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
     """A gateway app serving the pools of one namespace from the Kubernetes API."""
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_token = settings.agent_token_file.read_text().strip() if settings.agent_token_file else None
-    backend = KubeBackend(settings.namespace)
+    backend = KubeBackend(settings.namespace, token_audiences=settings.token_audiences)
     reviews = settings.auth == "kubernetes"
     authenticator = Authenticator(
         static_tokens=tokens,

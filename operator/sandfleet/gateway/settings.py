@@ -21,3 +21,7 @@ class GatewaySettings(BaseSettings):
     token_file: Path | None = Field(None, description="Static tokens: lines `TOKEN NAME [POOLS]`.")
     agent_token_file: Path | None = None
     max_waiting: int = Field(1000, ge=0, description="Callers that may wait per pool before 429.")
+    token_audiences: list[str] = Field(
+        default_factory=list,
+        description="Audiences a caller's token must carry (TokenReview); empty means the apiserver's.",
+    )

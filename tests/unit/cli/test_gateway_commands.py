@@ -1,0 +1,49 @@
+"""`sandfleet gateway`: flags win, the SANDFLEET_GATEWAY_* environment fills in the rest."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import sandfleet.gateway.main
+from sandfleet.cli import app
+from sandfleet.gateway.settings import GatewaySettings
+
+
+def _settings(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> GatewaySettings:
+    seen: list[GatewaySettings] = []
+    monkeypatch.setattr(sandfleet.gateway.main, "run", seen.append)
+    result = CliRunner().invoke(app, ["gateway", *args], env=env)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_the_environment_configures_what_no_flag_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {
+        "SANDFLEET_GATEWAY_NAMESPACE": "rl",
+        "SANDFLEET_GATEWAY_AUTH": "static",
+        "SANDFLEET_GATEWAY_MAX_WAITING": "7",
+        "SANDFLEET_GATEWAY_TOKEN_AUDIENCES": '["sandfleet-gateway"]',
+    }
+    settings = _settings(monkeypatch, [], env)
+    assert (settings.namespace, settings.auth, settings.max_waiting) == ("rl", "static", 7)
+    assert settings.token_audiences == ["sandfleet-gateway"]
+    assert settings.port == 8080
+
+
+def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(
+        monkeypatch,
+        ["--port", "9000", "--token-audience", "a", "--token-audience", "b"],
+        {"SANDFLEET_GATEWAY_PORT": "1234"},
+    )
+    assert settings.port == 9000
+    assert settings.token_audiences == ["a", "b"]
+
+
+def test_a_bad_value_is_a_usage_error_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    result = CliRunner().invoke(app, ["gateway", "--auth", "magic"])
+    assert result.exit_code == 2
+    assert "auth" in result.output
+    assert "Traceback" not in result.output
