@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("down", help="stop everything and remove the cluster's state")
     commands.add_parser("status", help="what runs and whether it is healthy (exit 1 if not up)")
     commands.add_parser("kubeconfig", help="print the admin kubeconfig's path")
-    commands.add_parser("bin-dir", help="print the directory holding kubectl and the other binaries")
+    bin_dir = commands.add_parser("bin-dir", help="print the directory holding kubectl (or another binary)")
+    bin_dir.add_argument("binary", nargs="?", default="kubectl", help="e.g. helm, kubelet (default kubectl)")
     load = commands.add_parser(
         "import-image", help="import an OCI archive into the real node's containerd (no registry needed)"
     )
@@ -89,7 +90,11 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, cluster: Loc
             return 1
         print(cluster.kubeconfig)
     elif args.command == "bin-dir":
-        print(build.binary("kubectl").parent)
+        try:
+            print(build.binary(args.binary).parent)
+        except KeyError:
+            known = sorted({name for b in build.cluster_builds() for name in b.outputs})
+            parser.error(f"no binary {args.binary!r}; hack/cluster builds: {', '.join(known)}")
     elif args.command == "import-image":
         if not args.archive.is_file():
             parser.error(f"{args.archive} is not a file")
