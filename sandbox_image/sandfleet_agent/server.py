@@ -6,6 +6,7 @@ import hmac
 import json
 import os
 import re
+import select
 import socket
 import sys
 import time
@@ -277,13 +278,35 @@ class AgentHandler(BaseHTTPRequestHandler):
             if text:
                 writer[0].event({"event": stream, "data": text})
 
-        result = process.run(spec, sink, on_start=on_start)
+        # Past the output cap nothing is written, so a failed write can no longer tell us the client
+        # left: look at the connection itself, or an abandoned command runs until its timeout.
+        last_look = [0.0]
+
+        def client_gone() -> bool:
+            now = time.monotonic()
+            if now - last_look[0] < 0.25:  # a syscall per output chunk would slow the flood we serve
+                return False
+            last_look[0] = now
+            return self._client_gone()
+
+        result = process.run(spec, sink, on_start=on_start, should_stop=client_gone)
+        if result.killed and not result.timed_out and self._client_gone():
+            return
         for stream, decoder in decoders.items():
             tail = decoder.decode(b"", final=True)
             if tail:
                 writer[0].event({"event": stream, "data": tail})
         writer[0].event({"event": "exit", **result.summary()})
         writer[0].close()
+
+    def _client_gone(self) -> bool:
+        """Whether the caller closed its connection (checked without consuming anything it sent)."""
+        connection = self.connection
+        try:
+            readable, _, _ = select.select([connection], [], [], 0)
+            return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def job_start(self, _: re.Match[str]) -> None:
         """Start a background job."""

@@ -170,6 +170,18 @@ def test_stream_timeout_and_error_before_start(agent: Agent) -> None:
     assert missing.json()["error"]["code"] == "command_not_found"
 
 
+@pytest.mark.parametrize("cap", [256 << 20, 1024])
+def test_a_stream_its_client_abandons_is_killed_even_past_the_output_cap(agent: Agent, cap: int) -> None:
+    # Past the cap nothing is written, so only a look at the connection can tell the client left.
+    with agent.client.stream(
+        "POST", "/v1/exec/stream", json={"shell": "yes flood", "max_output_bytes": cap, "timeout_s": 120}
+    ) as response:
+        lines = response.iter_lines()
+        pid = json.loads(next(lines))["pid"]
+        next(lines)
+    assert wait_dead(pid, timeout=10), "the abandoned command kept running"
+
+
 def test_bearer_token_guards_everything_but_probes(tmp_path: object) -> None:
     from pathlib import Path
 
