@@ -19,7 +19,16 @@ from sandfleet.core import api
 from sandfleet.core.autoscale import AutoscaleState, desired_replicas
 from sandfleet.core.model import PoolSpec, Prewarm, Sandbox, image_key, pool_from_object, prewarm_from_object
 from sandfleet.core.placement import region_capacity
-from sandfleet.core.planner import FAILURE_REASONS, Create, Delete, FailureState, Plan, WarmGroup, plan
+from sandfleet.core.planner import (
+    FAILURE_REASONS,
+    NODE_NOT_READY,
+    Create,
+    Delete,
+    FailureState,
+    Plan,
+    WarmGroup,
+    plan,
+)
 from sandfleet.core.pods import sandbox_pod
 from sandfleet.core.status import CAPACITY_LIMITED, DEGRADED, conditions, merge_conditions, pool_status
 
@@ -254,7 +263,18 @@ class Fleet:
             self.cache.nodes.values(), self.cache.usage, spec.template, spec.regions, unscheduled
         )
         nodes_ready = {name: node.ready for name, node in self.cache.nodes.items()}
+        for sandbox in sandboxes:
+            if sandbox.node is not None and sandbox.node not in self.cache.nodes:
+                # Its Node was deleted (the machine is gone): as dead as a NotReady one, so its free
+                # sandboxes are replaced now, not when the pod GC gets to them (40 s or more).
+                nodes_ready[sandbox.node] = False
         decided = plan(spec, groups, sandboxes, capacity, nodes_ready, worker.failures, now)
+        # Already on their way out when their Node went: no kubelet is left to confirm, so force it.
+        stranded = [
+            Delete(s.name, NODE_NOT_READY, force=True)
+            for s in sandboxes
+            if s.deleting and s.node is not None and s.node not in self.cache.nodes
+        ]
         worker.failures = decided.failures
         if decided.creates or decided.deletes:
             log.info(
@@ -266,7 +286,7 @@ class Fleet:
             )
         templates = {g.key: g for g in groups}
         await asyncio.gather(
-            *(self._delete(worker, d) for d in decided.deletes),
+            *(self._delete(worker, d) for d in (*decided.deletes, *stranded)),
             *(
                 self._create(worker, c, templates[c.template_hash], now)
                 for c in decided.creates[:MAX_CREATES_PER_PASS]
@@ -313,9 +333,12 @@ class Fleet:
 
     async def _delete(self, worker: PoolWorker, delete: Delete) -> None:
         worker.expected_deletes[delete.name] = time.time()
+        node = getattr(self.cache.sandboxes.get(worker.spec.key, {}).get(delete.name), "node", None)
+        # On a deleted Node no kubelet is left to finish a graceful deletion: only force ends it.
+        force = delete.force or (node is not None and node not in self.cache.nodes)
         async with self._writes:
             try:
-                await self.kube.delete_pod(worker.spec.namespace, delete.name, force=delete.force)
+                await self.kube.delete_pod(worker.spec.namespace, delete.name, force=force)
                 metrics.POD_OPERATIONS.labels("delete", delete.reason, "ok").inc()
             except (TimeoutError, KubeError, OSError) as error:
                 worker.expected_deletes.pop(delete.name, None)

@@ -28,6 +28,9 @@ WATCH_SECONDS = 290
 LIST_PAGE = 1000
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30)
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=120)
+# A watch retries at most this far apart (plus jitter): after an apiserver restart the operator must
+# see the cluster again within seconds, or released and expired sandboxes wait and pools stay short.
+WATCH_BACKOFF_MAX = 5.0
 WATCH_TIMEOUT = aiohttp.ClientTimeout(connect=10, sock_connect=10, sock_read=WATCH_SECONDS + 30)
 
 EventHandler = Callable[[str, dict[str, Any]], None]
@@ -134,12 +137,12 @@ class Kube:
             except (TimeoutError, KubeError, aiohttp.ClientError, OSError, ValueError) as error:
                 log.warning("watch on %s failed (%s); retrying in %.1fs", path, error, backoff)
                 await asyncio.sleep(backoff + random.random() * backoff)
-                backoff = min(30.0, backoff * 2)
+                backoff = min(WATCH_BACKOFF_MAX, backoff * 2)
             except Exception:
                 # A bug in a consumer must not silently end the watch: the cache would go stale forever.
                 log.exception("watch on %s broke; relisting in %.1fs", path, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(30.0, backoff * 2)
+                backoff = min(WATCH_BACKOFF_MAX, backoff * 2)
 
     async def _list(self, path: str, on_event: EventHandler, query: Mapping[str, str] | None) -> str:
         token = ""

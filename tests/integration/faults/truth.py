@@ -1,0 +1,117 @@
+"""The cluster's record of every sandbox Pod's life, from a watch the harness owns (never the gateway's).
+
+It notes each Pod's node, every distinct lease annotation it carried, and when it was released,
+marked for deletion and gone; relists (after an apiserver restart) are noted as gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from sandfleet.core import api
+from tests.integration.faults.kubeapi import KubeApi
+from tests.support.invariants import ObservedLease, PodTruth
+
+
+class PodRecorder:
+    """Follows the namespace's sandbox Pods in a thread and keeps a PodTruth per Pod uid."""
+
+    def __init__(self, kube: KubeApi, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.pods: dict[str, PodTruth] = {}
+        self.gaps: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listing: set[str] | None = None
+        self._last_event = time.time()
+        self._thread = threading.Thread(target=self._run, name="pod-recorder", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def snapshot(self, since: float = 0.0) -> list[PodTruth]:
+        """Pods alive at or after `since` (copies, so checks never race the recorder)."""
+        with self._lock:
+            return [
+                PodTruth(
+                    p.name,
+                    p.uid,
+                    p.node,
+                    p.first_seen,
+                    list(p.leases),
+                    p.released_at,
+                    p.deleting_at,
+                    p.deleted_at,
+                )
+                for p in self.pods.values()
+                if p.deleted_at is None or p.deleted_at >= since
+            ]
+
+    def gaps_since(self, since: float) -> list[tuple[float, float]]:
+        with self._lock:
+            return [gap for gap in self.gaps if gap[1] >= since]
+
+    def _run(self) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        self.kube.watch(path, self._on_event, self._stop, selector=api.POOL_LABEL)
+
+    def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        now = time.time()
+        with self._lock:
+            if kind == "SYNC":
+                if self.pods:
+                    self.gaps.append((self._last_event, now))
+                self._listing = set()
+                return
+            if kind == "LISTED":
+                # Pods the relist did not show went while nobody watched.
+                for uid, known in self.pods.items():
+                    if uid not in (self._listing or set()) and known.deleted_at is None:
+                        known.deleted_at = now
+                self._listing = None
+                return
+            self._last_event = now
+            metadata = pod.get("metadata") or {}
+            uid = str(metadata.get("uid", ""))
+            if self._listing is not None:
+                self._listing.add(uid)
+            truth = self.pods.get(uid)
+            if truth is None:
+                truth = PodTruth(str(metadata.get("name", "")), uid, first_seen=now)
+                self.pods[uid] = truth
+            truth.node = (pod.get("spec") or {}).get("nodeName") or truth.node
+            self._note_lease(truth, metadata)
+            labels = metadata.get("labels") or {}
+            if labels.get(api.LEASE_STATE_LABEL) == api.LEASE_RELEASED and truth.released_at is None:
+                truth.released_at = now
+            if metadata.get("deletionTimestamp") and truth.deleting_at is None:
+                truth.deleting_at = now
+            if kind == "DELETED" and truth.deleted_at is None:
+                truth.deleted_at = now
+
+    @staticmethod
+    def _note_lease(truth: PodTruth, metadata: dict[str, Any]) -> None:
+        raw = (metadata.get("annotations") or {}).get(api.LEASE_ANNOTATION)
+        if not raw:
+            return
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return
+        holder = str(data.get("holder", ""))
+        acquired = float(data.get("acquired_at", 0.0))
+        key = str(data.get("idempotency_key") or f"{holder}/{acquired}")
+        observed = ObservedLease(key, holder, acquired, float(data.get("expires_at", 0.0)))
+        for index, known in enumerate(truth.leases):
+            if known.key == observed.key and known.acquired_at == observed.acquired_at:
+                truth.leases[index] = observed  # a renewal moves the expiry
+                return
+        truth.leases.append(observed)
