@@ -106,25 +106,31 @@ def split_target(
     """
     limit = {r.name: max(0, limits.get(r.name, 0)) for r in regions}
     floor = {r.name: min(limit[r.name], (floors or {}).get(r.name, r.min_warm)) for r in regions}
-    fixed: dict[str, Fraction] = {}
-    shares: dict[str, Fraction] = {}
-    while True:
-        active = [r for r in regions if r.name not in fixed]
-        weight = sum(r.weight for r in active)
-        if not active or weight <= 0:
+    weight = {r.name: Fraction(max(r.weight, 0)) for r in regions}
+
+    def placed(level: Fraction) -> dict[str, Fraction]:
+        """Each region's share at water level `level`: weight x level, clamped to [floor, limit]."""
+        return {n: min(max(weight[n] * level, Fraction(floor[n])), Fraction(limit[n])) for n in limit}
+
+    # The total placed grows with the level, piecewise linearly; it bends only where a region hits
+    # its floor or its limit. Find the segment where it reaches the total and solve exactly there,
+    # so floors and limits are honoured together (fixing one kind first can overshoot the total).
+    bends = sorted(
+        {Fraction(0)} | {Fraction(b) / weight[n] for n in limit if weight[n] for b in (floor[n], limit[n])}
+    )
+    target = min(Fraction(total), Fraction(sum(limit.values())))
+    exact = placed(bends[-1])
+    low = bends[0]
+    for high in bends:
+        reached = sum(placed(high).values(), Fraction(0))
+        if reached >= target:
+            at_low = sum(placed(low).values(), Fraction(0))
+            if reached == at_low:
+                exact = placed(high)
+            else:
+                exact = placed(low + (high - low) * (target - at_low) / (reached - at_low))
             break
-        remaining = Fraction(total) - sum(fixed.values(), Fraction(0))
-        shares = {r.name: remaining * r.weight / weight for r in active}
-        over = [r.name for r in active if shares[r.name] > limit[r.name]]
-        if over:
-            fixed.update({name: Fraction(limit[name]) for name in over})
-            continue
-        under = [r.name for r in active if shares[r.name] < floor[r.name]]
-        if under:
-            fixed.update({name: Fraction(floor[name]) for name in under})
-            continue
-        break
-    exact = {**{name: shares.get(name, Fraction(0)) for name in limit}, **fixed}
+        low = high
     result = {name: int(value) for name, value in exact.items()}
     leftover = max(0, min(total, sum(limit.values())) - sum(result.values()))
     # Largest remainder first; names break ties so every replica of the operator agrees.

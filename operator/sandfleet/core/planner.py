@@ -31,6 +31,7 @@ LOST_READINESS = "lost-readiness"
 TEMPLATE_CHANGED = "template-changed"
 SURPLUS = "surplus"
 OVER_MAXIMUM = "over-maximum"
+ZONE_GONE = "zone-gone"
 FAILURE_REASONS = frozenset({BROKEN, NOT_READY_IN_TIME})
 
 
@@ -201,6 +202,15 @@ def plan(
             continue
         if region is None:
             deletes.append(Delete(sandbox.name, REGION_REMOVED))
+            continue
+        if (
+            sandbox.node is None
+            and sandbox.zone
+            and sandbox.zone not in capacity.get(sandbox.region, RegionCapacity()).zones
+        ):
+            # Pinned to a zone whose last node went away: it can never schedule. Not the image's
+            # fault, so no failure is counted; the region's other zones take its place.
+            deletes.append(Delete(sandbox.name, ZONE_GONE))
             continue
         in_group = sandbox.template_hash in active
         lost = sandbox.started and not sandbox.ready and sandbox.unready_since is not None

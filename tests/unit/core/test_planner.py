@@ -18,6 +18,7 @@ from sandfleet.core.planner import (
     NOT_READY_IN_TIME,
     RELEASED,
     TEMPLATE_CHANGED,
+    ZONE_GONE,
     FailureState,
     Plan,
     WarmGroup,
@@ -160,6 +161,16 @@ def test_a_sandbox_not_ready_by_the_deadline_is_replaced() -> None:
     assert [d.reason for d in result.deletes] == [NOT_READY_IN_TIME]
     assert len(result.creates) == 1
     assert result.failures.streak == 1
+
+
+def test_an_unscheduled_sandbox_pinned_to_a_zone_without_nodes_is_replaced_at_once() -> None:
+    stranded = sandbox("us", ready=False, node=None, zone="us-c", created_at=99.0)
+    waiting = sandbox("us", ready=False, node=None, zone="us-a", created_at=99.0)
+    result = run(pool(2, [RegionSpec("us")]), [stranded, waiting], now=100.0)
+    assert [(d.name, d.reason) for d in result.deletes] == [(stranded.name, ZONE_GONE)]
+    assert all(c.zone != "us-c" for c in result.creates)
+    assert len(result.creates) == 1
+    assert result.failures.streak == 0  # the image is not to blame
 
 
 def test_broken_image_degrades_and_backs_off_instead_of_churning() -> None:
