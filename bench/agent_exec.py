@@ -15,7 +15,7 @@ import json
 import time
 
 import httpx
-from localbench import log, prepare, summary
+from localbench import log, prepare, samples, summary
 
 from sandfleet.local.runtime import LocalRuntime
 
@@ -54,6 +54,10 @@ async def run(count: int) -> dict[str, object]:
     result.update(summary(round_trips, "exec_true"))
     result.update(summary(in_agent, "exec_true_in_agent"))
     result.update(summary(files, "file_write_read_4k"))
+    result["samples_ms"] = {
+        "exec true via the agent": samples(round_trips),
+        "4 KiB write + read": samples(files),
+    }
     result["target_exec_true_p50_s"] = TARGET_EXEC_P50_S
     result["meets_target"] = bool(summary(round_trips, "e")["e_p50_s"] <= TARGET_EXEC_P50_S)
     return result

@@ -50,6 +50,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
+def thin(values: list[float], most: int = 400) -> list[float]:
+    """A sorted sample cut to at most `most` evenly spaced quantiles, rounded to microseconds."""
+    ordered = sorted(values)
+    if len(ordered) > most:
+        step = (len(ordered) - 1) / (most - 1)
+        ordered = [ordered[round(i * step)] for i in range(most)]
+    return [round(v, 3) for v in ordered]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -324,6 +333,13 @@ def main() -> None:
         "gateway_cpu_ms_per_lease": round(cpu_per_lease, 3),
         "apiserver_cpu_ms_per_lease": round(apiserver_cpu_per_lease, 3),
         "agent": "host process on loopback (not gVisor)",
+        # Raw distributions (ms, sorted, thinned) for the report's plots.
+        "samples_ms": {
+            "warm lease, one at a time": thin(one_by_one),
+            f"warm lease in a {burst_size} burst": thin(latencies),
+            "first exec from a warm lease": thin(firsts),
+            "exec true via the gateway": thin(execs),
+        },
     }
     print(json.dumps(result))
 

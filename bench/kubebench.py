@@ -32,6 +32,19 @@ BENCH_CLUSTER_ENV = {
     "SANDFLEET_KWOK_PORT": "20247",
 }
 
+# The scale run's own cluster (300 nodes, 10,000 Pods): another directory and other ports again, so it
+# can run beside pool_fill's or the gateway benchmark's. All below 32768, out of the ephemeral range
+# that free_port() and every outgoing connection draw from.
+SCALE_CLUSTER_ENV = {
+    "SANDFLEET_CLUSTER_DIR": "/tmp/sandfleet-bench-scale",
+    "SANDFLEET_APISERVER_PORT": "27443",
+    "SANDFLEET_ETCD_PORT": "27379",
+    "SANDFLEET_ETCD_PEER_PORT": "27380",
+    "SANDFLEET_CONTROLLER_MANAGER_PORT": "27257",
+    "SANDFLEET_SCHEDULER_PORT": "27259",
+    "SANDFLEET_KWOK_PORT": "27247",
+}
+
 
 def log(name: str, message: str) -> None:
     print(f"[bench {name}] {message}", file=sys.stderr, flush=True)
@@ -49,12 +62,13 @@ class Cluster:
 
     separate: bool
     nodes: int = 12
+    separate_env: dict[str, str] = field(default_factory=lambda: dict(BENCH_CLUSTER_ENV))
     env: dict[str, str] = field(default_factory=dict)
     kubeconfig: Path = Path()
     kubectl_bin: Path = Path()
 
     def __post_init__(self) -> None:
-        self.env = {**os.environ, **(BENCH_CLUSTER_ENV if self.separate else {})}
+        self.env = {**os.environ, **(self.separate_env if self.separate else {})}
 
     def _hack(self, *args: str, timeout: float = 3600) -> str:
         result = subprocess.run(
@@ -213,3 +227,120 @@ def pool_manifest(name: str, replicas: int) -> dict[str, Any]:
 def pool_ready(cluster: Cluster, namespace: str, name: str) -> int:
     out = cluster.kubectl("-n", namespace, "get", "sandboxpool", name, "-o", "jsonpath={.status.ready}")
     return int(out or 0)
+
+
+RequestCounts = dict[tuple[str, str], float]
+
+
+def apiserver_requests(cluster: Cluster) -> tuple[RequestCounts, RequestCounts]:
+    """The apiserver's own counters: (requests served by (verb, resource), open long-running by the same).
+
+    Read from its /metrics with the admin client certificate (the kubeconfig's), so the numbers are
+    the apiserver's, not what a client believes it sent. Non-resource URLs (/metrics, /healthz) are
+    left out; this read itself is one of them.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served: RequestCounts = {}
+    open_now: RequestCounts = {}
+    for family in text_string_to_metric_families(cluster.kubectl("get", "--raw", "/metrics")):
+        if family.name not in ("apiserver_request", "apiserver_longrunning_requests"):
+            continue
+        for sample in family.samples:
+            if sample.name not in ("apiserver_request_total", "apiserver_longrunning_requests"):
+                continue
+            resource = sample.labels.get("resource", "")
+            if not resource:
+                continue
+            if sample.labels.get("subresource"):
+                resource = f"{resource}/{sample.labels['subresource']}"
+            key = (sample.labels.get("verb", "?"), resource)
+            into = served if sample.name == "apiserver_request_total" else open_now
+            into[key] = into.get(key, 0.0) + sample.value
+    return served, open_now
+
+
+def request_delta(before: RequestCounts, after: RequestCounts) -> dict[str, int]:
+    """Requests served between two reads, as {"VERB resource": count}, busiest first, zeros left out."""
+    delta = {
+        f"{verb} {resource}": int(count - before.get((verb, resource), 0.0))
+        for (verb, resource), count in after.items()
+    }
+    return dict(sorted(((k, v) for k, v in delta.items() if v > 0), key=lambda kv: -kv[1]))
+
+
+@dataclass
+class Gateway:
+    """`sandfleet gateway -n <namespace>` with one static token, as a subprocess."""
+
+    cluster: Cluster
+    namespace: str
+    workdir: Path
+    token: str = "bench-token"
+    max_waiting: int = 100_000
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "gateway.log"
+
+    def start(self) -> None:
+        import httpx
+
+        tokens = self.workdir / "gateway-tokens"
+        tokens.write_text(f"{self.token} bench\n")
+        env = {**self.cluster.env, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        argv = [
+            str(SANDFLEET), "gateway", "--host", "127.0.0.1", "--port", str(self.port),
+            "--namespace", self.namespace, "--auth", "static", "--token-file", str(tokens),
+            "--max-waiting", str(self.max_waiting),
+        ]  # fmt: skip
+        with self.log_path.open("wb") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait(ready, 120, "the gateway to be ready (its index synced)", interval=0.5)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]

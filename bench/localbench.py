@@ -35,6 +35,15 @@ def summary(values: list[float], prefix: str) -> dict[str, float]:
     }
 
 
+def samples(values: list[float], most: int = 400, scale: float = 1000.0) -> list[float]:
+    """A sorted sample thinned to at most `most` evenly spaced quantiles, in ms: enough for a plot."""
+    ordered = sorted(values)
+    if len(ordered) > most:
+        step = (len(ordered) - 1) / (most - 1)
+        ordered = [ordered[round(i * step)] for i in range(most)]
+    return [round(v * scale, 3) for v in ordered]
+
+
 async def prepare(name: str) -> tuple[Path, ImageRef, str]:
     """runsc, the base image, and runsc's version line (all built on demand, cached)."""
     log(name, "ensuring runsc and the sandbox image are built (cached after the first run)")

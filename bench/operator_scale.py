@@ -1,96 +1,364 @@
-"""Benchmark: operator memory and CPU while it fills and then holds 10,000 warm sandboxes on 300 nodes.
+"""Benchmark: the fleet at scale: 10,000 warm sandboxes on 300 nodes, held, then 1,000 gateway clients.
 
-Prints progress, then one JSON object as its last line. The full run makes its own 300-node cluster
-(/tmp/sandfleet-bench, other ports) and removes it afterwards; --short reuses the shared test cluster
-without resizing it.
+Prints progress, then one JSON object as its last line. Three phases on one cluster, each with the
+apiserver's own request counters (apiserver_request_total by verb and resource, read from its
+/metrics with the admin certificate) before and after:
 
-    .venv/bin/python bench/operator_scale.py            # full: 10,000 sandboxes, 300 simulated nodes
-    .venv/bin/python bench/operator_scale.py --short    # CI: 400 sandboxes on the shared cluster
+1. fill: a SandboxPool of N over 3 regions, 0 -> N Ready; the fill curve, operator CPU and RSS;
+2. hold: nothing changes for a while; operator CPU and RSS at rest, and the requests it still makes
+   (none but its leader-lease renewals: the caches are fed by watches);
+3. clients: a real gateway and C concurrent clients, each leasing and releasing R times; lease
+   latency p50/p99, errors, every lease id distinct (no sandbox leased twice), while the operator
+   replaces each released sandbox.
+
+The full run makes its own 300-node cluster (/tmp/sandfleet-bench-scale, its own ports) and removes
+it afterwards; --short does the same with 12 nodes: the apiserver's counters only speak for the fleet
+on a cluster nobody else uses (on the shared test cluster other suites' lists would count too).
+
+    .venv/bin/python bench/operator_scale.py            # full: 10,000 sandboxes, 300 nodes, 1,000 clients
+    .venv/bin/python bench/operator_scale.py --short    # CI: 400 sandboxes, 12 nodes, 100 clients
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
+import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from kubebench import Cluster, Operator, log, pool_manifest, pool_ready, wait
+import httpx
+from kubebench import (
+    SCALE_CLUSTER_ENV,
+    Cluster,
+    Gateway,
+    Operator,
+    RequestCounts,
+    apiserver_requests,
+    log,
+    percentile,
+    pool_manifest,
+    pool_ready,
+    process_cpu_seconds,
+    process_rss_mb,
+    request_delta,
+    wait,
+)
 
 TARGET_RSS_MB = 500
+POOL = "scale"
+
+
+def list_calls(delta: dict[str, int]) -> dict[str, int]:
+    """The LIST requests among a phase's requests, of any client."""
+    return {key: count for key, count in delta.items() if key.startswith("LIST ")}
+
+
+def fleet_lists(phases: dict[str, dict[str, Any]], names: tuple[str, ...]) -> dict[str, int]:
+    """LISTs of the resources the operator and gateway read, in the named phases (a hot path makes none).
+
+    Other LISTs come from the cluster itself: the LimitRanger admission plugin looks limitranges up
+    live while Pods are created in a namespace it has not cached, controllers resync services.
+    """
+    found: dict[str, int] = {}
+    for name in names:
+        for key, count in phases.get(name, {}).get("lists", {}).items():
+            if key.split(" ", 1)[1].split("/")[0] in (*FLEET_RESOURCES, "events"):
+                found[key] = found.get(key, 0) + count
+    return found
+
+
+def phase_requests(before: RequestCounts, after: RequestCounts, seconds: float) -> dict[str, Any]:
+    delta = request_delta(before, after)
+    total = sum(delta.values())
+    return {
+        "seconds": round(seconds, 1),
+        "requests": total,
+        "requests_per_second": round(total / seconds, 1) if seconds > 0 else 0.0,
+        "by_verb_resource": delta,
+        "lists": list_calls(delta),
+    }
+
+
+FLEET_RESOURCES = ("pods", "nodes", "sandboxpools", "sandboxprewarms", "leases", "configmaps")
+
+
+def fleet_watches(open_now: RequestCounts) -> dict[str, int]:
+    """Watches open on the resources the operator and gateway read (the rest are the cluster's own)."""
+    return {
+        f"{verb} {resource}": int(n)
+        for (verb, resource), n in sorted(open_now.items())
+        if verb == "WATCH" and resource in FLEET_RESOURCES and n
+    }
+
+
+async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> dict[str, Any]:
+    """`clients` concurrent callers, each leasing then releasing `rounds` times; what they saw."""
+    latencies: list[float] = []
+    release_latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    granted: list[str] = []
+    held: set[str] = set()
+    overlaps = 0
+    async with httpx.AsyncClient(
+        base_url=url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=120,
+        limits=httpx.Limits(max_connections=clients, max_keepalive_connections=clients),
+    ) as client:
+
+        async def one_client() -> None:
+            nonlocal overlaps
+            for _ in range(rounds):
+                started = time.perf_counter()
+                try:
+                    response = await client.post("/v1/leases", json={"pool": POOL, "wait_seconds": 90})
+                except httpx.HTTPError as error:
+                    errors[f"acquire {type(error).__name__}"] += 1
+                    continue
+                latencies.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 201:
+                    errors[f"acquire {response.status_code}"] += 1
+                    continue
+                lease_id = response.json()["leases"][0]["id"]
+                if lease_id in held:
+                    overlaps += 1  # two clients hold the same sandbox at once
+                held.add(lease_id)
+                granted.append(lease_id)
+                await asyncio.sleep(0)  # let others run while this one "holds" the sandbox
+                held.discard(lease_id)
+                started = time.perf_counter()
+                try:
+                    released = await client.delete(f"/v1/leases/{lease_id}")
+                except httpx.HTTPError as error:
+                    errors[f"release {type(error).__name__}"] += 1
+                    continue
+                release_latencies.append((time.perf_counter() - started) * 1000)
+                if released.status_code not in (200, 204):
+                    errors[f"release {released.status_code}"] += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        seconds = time.perf_counter() - started
+    return {
+        "clients": clients,
+        "rounds_per_client": rounds,
+        "leases": len(granted),
+        "seconds": round(seconds, 1),
+        "cycles_per_second": round(len(granted) / seconds, 1),
+        "lease_p50_ms": round(statistics.median(latencies), 1) if latencies else 0.0,
+        "lease_p99_ms": round(percentile(latencies, 99), 1),
+        "lease_max_ms": round(max(latencies, default=0.0), 1),
+        "release_p50_ms": round(statistics.median(release_latencies), 1) if release_latencies else 0.0,
+        "release_p99_ms": round(percentile(release_latencies, 99), 1),
+        "errors": dict(errors),
+        # Released sandboxes are deleted, never handed out again, so every lease id must be new.
+        "duplicate_lease_ids": len(granted) - len(set(granted)),
+        "concurrent_double_leases": overlaps,
+        "latencies_ms": sorted(round(v, 2) for v in latencies),
+    }
+
+
+def leased_pods(cluster: Cluster, namespace: str) -> int:
+    out = cluster.kubectl(
+        "-n", namespace, "get", "pods", "-l", "sandfleet.dev/lease-state=leased", "-o", "name"
+    )
+    return len(out.split())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--short", action="store_true", help="CI size on the shared cluster")
+    parser.add_argument("--short", action="store_true", help="CI size (400 sandboxes, 12 nodes)")
     parser.add_argument("--sandboxes", type=int, default=None)
-    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--nodes", type=int, default=None, help="simulated nodes (300; 12 with --short)")
     parser.add_argument("--steady-seconds", type=float, default=None)
+    parser.add_argument("--clients", type=int, default=None, help="concurrent gateway clients")
+    parser.add_argument("--rounds", type=int, default=None, help="lease+release rounds per client")
     args = parser.parse_args()
     count = args.sandboxes or (400 if args.short else 10_000)
     steady_window = args.steady_seconds or (10.0 if args.short else 30.0)
-    cluster = Cluster(separate=not args.short, nodes=args.nodes)
-    log("scale", f"cluster: {'shared' if args.short else f'separate, {args.nodes} nodes'}; {count} sandboxes")
+    clients = args.clients or (100 if args.short else 1000)
+    rounds = args.rounds or (2 if args.short else 3)
+    nodes = args.nodes or (12 if args.short else 300)
+    cluster = Cluster(separate=True, nodes=nodes, separate_env=dict(SCALE_CLUSTER_ENV))
+    log("scale", f"cluster of its own, {nodes} simulated nodes; {count} sandboxes")
     cluster.up()
     namespace = ""
+    phases: dict[str, dict[str, Any]] = {}
+    curve: list[tuple[float, int]] = []
     try:
         namespace = cluster.namespace("bench-scale")
         with tempfile.TemporaryDirectory(prefix="sandfleet-bench-") as tmp:
             operator = Operator(cluster, namespace, Path(tmp) / "operator.log")
             log("scale", f"operator log: {operator.log_path}")
+            requests_start, _ = apiserver_requests(cluster)
+            start_began = time.monotonic()
             operator.start()
+            time.sleep(3)  # its initial lists finish: they belong to start-up, not to the fill
+            requests_before, _ = apiserver_requests(cluster)
+            phases["operator_start"] = phase_requests(
+                requests_start, requests_before, time.monotonic() - start_began
+            )
+            gateway = Gateway(cluster, namespace, Path(tmp))
             try:
+                # Phase 1: fill.
                 cpu_start = operator.cpu_seconds()
                 started = time.monotonic()
-                cluster.apply(pool_manifest("scale", count), namespace)
+                cluster.apply(pool_manifest(POOL, count), namespace)
                 rss_samples: list[float] = []
+                last_log = [0.0]
 
                 def filled() -> bool:
                     rss_samples.append(operator.memory_mb()[0])
-                    return pool_ready(cluster, namespace, "scale") >= count
+                    ready = pool_ready(cluster, namespace, POOL)
+                    now = time.monotonic() - started
+                    curve.append((round(now, 2), ready))
+                    if now - last_log[0] >= 10:
+                        last_log[0] = now
+                        log(
+                            "scale",
+                            f"{ready}/{count} Ready after {now:.0f}s, operator RSS {rss_samples[-1]:.0f} MiB",
+                        )
+                    return ready >= count
 
-                done = wait(filled, 120 if args.short else 1800, f"{count} sandboxes Ready", interval=1.0)
+                done = wait(filled, 180 if args.short else 1800, f"{count} sandboxes Ready", interval=1.0)
                 fill_seconds = done - started
                 fill_cpu = operator.cpu_seconds() - cpu_start
+                requests_filled, _ = apiserver_requests(cluster)
+                phases["fill"] = phase_requests(requests_before, requests_filled, fill_seconds)
                 log(
                     "scale",
                     f"{count} sandboxes Ready in {fill_seconds:.1f}s; operator used {fill_cpu:.1f} CPU-s",
                 )
+                log("scale", f"fill requests: {phases['fill']['by_verb_resource']}")
+
+                # Phase 2: hold.
                 steady_cpu_start = operator.cpu_seconds()
                 time.sleep(steady_window)
                 steady_cpu = operator.cpu_seconds() - steady_cpu_start
                 rss_now, rss_peak = operator.memory_mb()
+                requests_held, watches_open = apiserver_requests(cluster)
+                phases["hold"] = phase_requests(requests_filled, requests_held, steady_window)
                 log(
                     "scale",
                     f"steady: RSS {rss_now:.0f} MiB (peak {rss_peak:.0f}), "
-                    f"{steady_cpu / steady_window:.3f} cores",
+                    f"{steady_cpu / steady_window:.3f} cores; requests {phases['hold']['by_verb_resource']}",
                 )
+
+                # Phase 3: a gateway and many clients leasing and releasing.
+                gateway_began = time.monotonic()
+                gateway.start()
+                log("scale", f"gateway ready; {clients} clients x {rounds} lease+release rounds")
+                requests_gw_before, _ = apiserver_requests(cluster)
+                phases["gateway_start"] = phase_requests(
+                    requests_held, requests_gw_before, time.monotonic() - gateway_began
+                )
+                load_before = os.getloadavg()[0]
+                gateway_cpu_start = process_cpu_seconds(gateway.pid)
+                operator_cpu_gw_start = operator.cpu_seconds()
+                client_report = asyncio.run(lease_and_release(gateway.url, gateway.token, clients, rounds))
+                gateway_cpu = process_cpu_seconds(gateway.pid) - gateway_cpu_start
+                operator_cpu_gw = operator.cpu_seconds() - operator_cpu_gw_start
+                gateway_rss = process_rss_mb(gateway.pid)
+                load_after = os.getloadavg()[0]
+                requests_gw_after, watches_gw = apiserver_requests(cluster)
+                phases["clients"] = phase_requests(
+                    requests_gw_before, requests_gw_after, client_report["seconds"]
+                )
+                still_leased = leased_pods(cluster, namespace)
+                log(
+                    "scale",
+                    f"clients: {client_report['leases']} leases in {client_report['seconds']}s, "
+                    f"p50 {client_report['lease_p50_ms']} ms, p99 {client_report['lease_p99_ms']} ms, "
+                    f"errors {client_report['errors']}, duplicates {client_report['duplicate_lease_ids']}; "
+                    f"requests {phases['clients']['by_verb_resource']}",
+                )
+                # The pool returns to its target once the operator has replaced every released one.
+                refill_started = time.monotonic()
+                refilled = wait(
+                    lambda: pool_ready(cluster, namespace, POOL) >= count,
+                    180 if args.short else 900,
+                    "the pool to refill after the clients",
+                    interval=1.0,
+                )
+                refill_seconds = refilled - refill_started
+                _, final_peak = operator.memory_mb()
             except SystemExit:
                 log("scale", "operator log tail:\n" + operator.log_path.read_text(errors="replace")[-3000:])
+                if gateway.log_path.exists():
+                    log("scale", "gateway log tail:\n" + gateway.log_path.read_text(errors="replace")[-3000:])
                 raise
             finally:
+                gateway.stop()
                 operator.stop()
     finally:
         cluster.cleanup(namespace)
+    latencies = client_report.pop("latencies_ms")
+    peak = max(rss_peak, final_peak, *rss_samples)
+    # Start-ups list once, then watch; the fill, the hold and the clients are the hot paths.
+    hot_lists = fleet_lists(phases, ("fill", "hold", "clients"))
     print(
         json.dumps(
             {
                 "benchmark": "operator_scale",
                 "mode": "short" if args.short else "full",
                 "sandboxes": count,
-                "nodes": args.nodes if not args.short else "shared",
+                "regions": 3,
+                "nodes": nodes,
                 "fill_seconds": round(fill_seconds, 1),
                 "fill_sandboxes_per_second": round(count / fill_seconds, 1),
+                "fill_curve": thin(curve, 200),
+                "operator_cpu_seconds_fill": round(fill_cpu, 1),
                 "operator_cpu_cores_during_fill": round(fill_cpu / fill_seconds, 3),
                 "operator_cpu_cores_steady": round(steady_cpu / steady_window, 4),
+                "operator_cpu_cores_during_clients": round(operator_cpu_gw / client_report["seconds"], 3),
                 "operator_rss_mb": round(rss_now, 1),
-                "operator_rss_peak_mb": round(max(rss_peak, *rss_samples), 1),
+                "operator_rss_peak_mb": round(peak, 1),
                 "target_rss_mb": TARGET_RSS_MB,
-                "meets_target": max(rss_peak, rss_now) <= TARGET_RSS_MB,
+                "meets_target": peak <= TARGET_RSS_MB,
+                "apiserver": phases,
+                "watches_open": fleet_watches(watches_gw),
+                "watches_open_before_gateway": fleet_watches(watches_open),
+                "load_average_1m": {
+                    "before_clients": round(load_before, 2),
+                    "after_clients": round(load_after, 2),
+                },
+                "lists_on_hot_paths": hot_lists,
+                "gateway": {
+                    **client_report,
+                    "gateway_cpu_ms_per_lease": round(
+                        gateway_cpu / max(client_report["leases"], 1) * 1000, 2
+                    ),
+                    "gateway_rss_mb": round(gateway_rss, 1),
+                    "leased_pods_after": still_leased,
+                    "pool_refill_seconds": round(refill_seconds, 1),
+                },
+                "lease_latencies_ms": thin_values(latencies, 2000),
             }
         )
     )
+
+
+def thin(points: list[tuple[float, int]], most: int) -> list[tuple[float, int]]:
+    """At most `most` points of a curve, evenly spaced, keeping the last."""
+    if len(points) <= most:
+        return points
+    step = len(points) / most
+    picked = [points[int(i * step)] for i in range(most)]
+    return [*picked[:-1], points[-1]]
+
+
+def thin_values(values: list[float], most: int) -> list[float]:
+    """At most `most` values of a sorted sample, evenly spaced quantiles (keeps the shape for a plot)."""
+    if len(values) <= most:
+        return values
+    step = (len(values) - 1) / (most - 1)
+    return [values[round(i * step)] for i in range(most)]
 
 
 if __name__ == "__main__":

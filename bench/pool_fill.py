@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubebench import IMAGE, Cluster, Operator, log, pool_manifest, pool_ready, wait
+from kubebench import IMAGE, Cluster, Operator, log, pool_manifest, wait
 
 TARGET_RATIO = 0.8
 
@@ -56,15 +56,24 @@ def replicaset(replicas: int) -> dict[str, Any]:
     }
 
 
-def fill_replicaset(cluster: Cluster, namespace: str, count: int, timeout: float) -> float:
+Curve = list[tuple[float, int]]
+POOL_LABEL = "sandfleet.dev/pool"
+READY = "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{' '}{end}"
+
+
+def ready_pods(cluster: Cluster, namespace: str, selector: str) -> int:
+    """Pods with the label `selector` whose Ready condition is True (the same count for both)."""
+    return cluster.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", READY).split().count("True")
+
+
+def fill_replicaset(cluster: Cluster, namespace: str, count: int, timeout: float, curve: Curve) -> float:
     started = time.monotonic()
     cluster.apply(replicaset(count), namespace)
 
     def ready() -> bool:
-        out = cluster.kubectl(
-            "-n", namespace, "get", "rs", "baseline", "-o", "jsonpath={.status.readyReplicas}"
-        )
-        return int(out or 0) >= count
+        now = ready_pods(cluster, namespace, "app=rs-baseline")
+        curve.append((round(time.monotonic() - started, 2), now))
+        return now >= count
 
     done = wait(ready, timeout, f"the ReplicaSet's {count} Pods to be Ready")
     seconds = done - started
@@ -74,7 +83,7 @@ def fill_replicaset(cluster: Cluster, namespace: str, count: int, timeout: float
 
 
 def fill_pool(
-    cluster: Cluster, namespace: str, count: int, timeout: float, workdir: Path
+    cluster: Cluster, namespace: str, count: int, timeout: float, workdir: Path, curve: Curve
 ) -> tuple[float, float]:
     operator = Operator(cluster, namespace, workdir / "operator.log")
     operator.start()
@@ -82,17 +91,29 @@ def fill_pool(
         cpu_before = operator.cpu_seconds()
         started = time.monotonic()
         cluster.apply(pool_manifest("fill", count), namespace)
-        done = wait(
-            lambda: pool_ready(cluster, namespace, "fill") >= count,
-            timeout,
-            f"the pool's {count} sandboxes to be Ready",
-        )
+
+        def ready() -> bool:
+            # Ready Pods counted directly, as for the ReplicaSet: the pool's status is written by the
+            # operator now and then, and under load it trails the Pods by many seconds.
+            now = ready_pods(cluster, namespace, f"{POOL_LABEL}=fill")
+            curve.append((round(time.monotonic() - started, 2), now))
+            return now >= count
+
+        done = wait(ready, timeout, f"the pool's {count} sandboxes to be Ready")
         return done - started, operator.cpu_seconds() - cpu_before
     except SystemExit:
         log("fill", "operator log tail:\n" + operator.log_path.read_text(errors="replace")[-3000:])
         raise
     finally:
         operator.stop()
+
+
+def thin_curve(points: Curve, most: int = 200) -> Curve:
+    """At most `most` points of a fill curve, evenly spaced, keeping the last."""
+    if len(points) <= most:
+        return points
+    step = len(points) / most
+    return [*(points[int(i * step)] for i in range(most - 1)), points[-1]]
 
 
 def main() -> None:
@@ -107,12 +128,14 @@ def main() -> None:
     cluster.up()
     timeout = 120 if args.short else 900
     namespace = ""
+    pool_curve: Curve = []
+    rs_curve: Curve = []
     try:
         namespace = cluster.namespace("bench-fill")
         with tempfile.TemporaryDirectory(prefix="sandfleet-bench-") as tmp:
-            rs_seconds = fill_replicaset(cluster, namespace, count, timeout)
+            rs_seconds = fill_replicaset(cluster, namespace, count, timeout, rs_curve)
             log("fill", f"ReplicaSet: {count} Pods Ready in {rs_seconds:.1f}s")
-            pool_seconds, cpu = fill_pool(cluster, namespace, count, timeout, Path(tmp))
+            pool_seconds, cpu = fill_pool(cluster, namespace, count, timeout, Path(tmp), pool_curve)
             log(
                 "fill",
                 f"SandboxPool: {count} sandboxes Ready in {pool_seconds:.1f}s ({cpu:.1f} CPU-s operator)",
@@ -136,6 +159,7 @@ def main() -> None:
                 "target_ratio": TARGET_RATIO,
                 "meets_target": pool_rate / rs_rate >= TARGET_RATIO,
                 "operator_cpu_seconds": round(cpu, 2),
+                "fill_curves": {"SandboxPool": thin_curve(pool_curve), "ReplicaSet": thin_curve(rs_curve)},
             }
         )
     )

@@ -17,7 +17,7 @@ import json
 import time
 
 import httpx
-from localbench import log, prepare, summary
+from localbench import log, prepare, samples, summary
 
 from sandfleet.local.pool import WarmPool
 from sandfleet.local.runtime import LocalRuntime
@@ -96,6 +96,12 @@ async def run(runs: int) -> dict[str, object]:
     result["checkpoint_s"] = round(checkpoint_s, 6)
     result.update(summary(warm_lease, "warm_lease"))
     result.update(summary(first_exec, "warm_first_exec"))
+    # Raw distributions (ms, sorted) for the report's plots.
+    result["samples_ms"] = {
+        "cold create to agent ready": samples(cold),
+        "restored to agent ready": samples(restored),
+        "warm lease to first exec": samples(first_exec),
+    }
     result["target_cold_ready_p50_s"] = TARGET_COLD_P50_S
     result["meets_cold_target"] = bool(summary(cold, "c")["c_p50_s"] <= TARGET_COLD_P50_S)
     result["target_first_exec_p50_s"] = TARGET_FIRST_EXEC_P50_S

@@ -70,6 +70,14 @@ def release_metadata() -> dict[str, Any]:
     return {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
 
 
+def unclaim_metadata() -> dict[str, Any]:
+    """The merge-patch body that takes a lease nobody received off a Pod: it is warm again."""
+    return {
+        "labels": {api.LEASE_STATE_LABEL: api.LEASE_FREE, api.RUN_LABEL: None},
+        "annotations": {api.LEASE_ANNOTATION: None, api.LEASE_EXPIRES_ANNOTATION: None},
+    }
+
+
 def lease_from_annotations(annotations: dict[str, str] | None) -> Lease | None:
     """The lease recorded on a Pod, or None if it has none (or an unreadable one)."""
     raw = (annotations or {}).get(api.LEASE_ANNOTATION)

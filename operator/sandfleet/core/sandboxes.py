@@ -98,6 +98,14 @@ def pick_warm(
 
     Within a region the oldest goes first, so warm sandboxes turn over instead of aging.
     """
-    rank = {region: index for index, region in enumerate(regions)}
+    rank = preference_rank(regions)
     warm = [s for s in candidates if s.warm and s.key not in skip]
     return sorted(warm, key=lambda s: (rank.get(s.region, len(rank)), s.created_at, s.name))
+
+
+def preference_rank(regions: tuple[str, ...]) -> dict[str, int]:
+    """Each preferred region's rank, by its first mention (a repeated region keeps its place)."""
+    rank: dict[str, int] = {}
+    for region in regions:
+        rank.setdefault(region, len(rank))
+    return rank

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
@@ -22,6 +23,7 @@ from sandfleet.core.policy import PolicyError
 from sandfleet.core.profile import ProfileError, Span
 from sandfleet.gateway.auth import Authenticator, Caller, NotAllowed, Unauthenticated
 from sandfleet.gateway.backend import Backend
+from sandfleet.gateway.disconnect import ClientGone, unless_disconnected
 from sandfleet.gateway.leasing import (
     Forbidden,
     Gone,
@@ -31,6 +33,7 @@ from sandfleet.gateway.leasing import (
     QueueFull,
     WaitTimeout,
 )
+from sandfleet.gateway.links import add_links
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.models import (
     AcquireRequest,
@@ -125,6 +128,9 @@ async def current_caller(request: Request, authorization: Annotated[str | None, 
 
 
 Authed = Annotated[Caller, Depends(current_caller)]
+# The agent's job ids are hex; anything else would be spliced into the agent's URL (a control
+# character makes it invalid, a '?' or '/' would reach another route): refused here with a 422.
+JobId = Annotated[str, PathParam(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 def create_app(runtime: Runtime) -> FastAPI:
@@ -180,6 +186,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         PolicyError: (409, "policy_conflict"),
         ProfileError: (422, "invalid_span"),
         SandboxUnreachable: (502, "sandbox_lost"),
+        ClientGone: (499, "client_closed_request"),  # nobody reads it: the connection is gone
     }
     for exception_type, (status, code) in handlers.items():
 
@@ -266,7 +273,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         return PoolList(pools=views)
 
     @app.post("/v1/leases", status_code=201, tags=["leases"])
-    async def acquire(body: AcquireRequest, who: Authed) -> AcquireResponse:
+    async def acquire(body: AcquireRequest, who: Authed, http: Request) -> AcquireResponse:
         started = time.perf_counter()
         if body.pool is None and body.image is None:
             raise LeaseError("give a pool, an image, or both")
@@ -286,23 +293,27 @@ def create_app(runtime: Runtime) -> FastAPI:
             wait_seconds=body.wait_seconds,
         )
         try:
-            granted = await service.acquire(request)
-        except (QueueFull, WaitTimeout) as error:
-            result = "rejected" if isinstance(error, QueueFull) else "timeout"
+            # A caller who hangs up leaves the queue, and whatever was claimed for it goes back.
+            granted = await unless_disconnected(http, service.acquire(request))
+        except (QueueFull, WaitTimeout, ClientGone) as error:
+            result = {QueueFull: "rejected", WaitTimeout: "timeout"}.get(type(error), "abandoned")
             metrics.acquisitions.labels(pool, "rejected").inc(body.count)
             metrics.lease_wait.labels(pool, result).observe(time.perf_counter() - started)
             raise
         result = "queued" if granted.position or granted.queue_seconds > 0.05 else "warm_hit"
+        result = "cold" if granted.boot_seconds > 0 else result
         metrics.acquisitions.labels(pool, result).inc(len(granted.leases))
         total = time.perf_counter() - started
         metrics.lease_wait.labels(pool, result).observe(total)
-        runs.leased([lease for lease, _ in granted.leases], granted.queue_seconds, granted.claim_seconds)
+        leases = [lease for lease, _ in granted.leases]
+        runs.leased(leases, granted.queue_seconds, granted.claim_seconds, granted.boot_seconds)
         return AcquireResponse(
             leases=[LeaseView.of(lease, sandbox) for lease, sandbox in granted.leases],
             queue_position=granted.position,
             timings=Timings(
                 queue_ms=granted.queue_seconds * 1000,
                 claim_ms=granted.claim_seconds * 1000,
+                boot_ms=granted.boot_seconds * 1000,
                 total_ms=total * 1000,
             ),
         )
@@ -419,7 +430,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     def proxied(agent_path: str, stream: bool) -> Callable[..., Awaitable[Response]]:
         if "{job}" in agent_path:
 
-            async def job_route(request: Request, lease_id: str, job: str, who: Authed) -> Response:
+            async def job_route(request: Request, lease_id: str, job: JobId, who: Authed) -> Response:
                 return await forward(request, lease_id, who, agent_path.format(job=job), stream)
 
             return job_route
@@ -442,7 +453,26 @@ def create_app(runtime: Runtime) -> FastAPI:
             summary=summary,
             tags=["sandbox"],
             response_class=Response,
-            responses={200: {"description": "The agent's own response, passed through."}},
+            responses=_agent_responses(method, agent_path),
             openapi_extra={"requestBody": {"content": body}} if body else None,
         )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_links(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _agent_responses(method: str, agent_path: str) -> dict[int | str, dict[str, Any]]:
+    """What the agent itself may answer on a data-plane route (passed through as it is)."""
+    responses: dict[int | str, dict[str, Any]] = {
+        200: {"description": "The agent's own response, passed through."}
+    }
+    if method == "POST" and agent_path == "/v1/jobs":
+        responses[201] = {"description": "The job started: its status (job_id for the job routes)."}
+    if method in ("POST", "PUT"):
+        responses[413] = {"description": "The body is larger than the agent accepts."}
+    return responses

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from sandfleet.core.leases import Lease
 from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.warm_index import WarmIndex
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,17 @@ class Backend(Protocol):
 
     def sandbox(self, lease_id: str) -> Sandbox | None: ...
 
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+        """Sandboxes whose lease `holder` acquired with `idempotency_key` (any state), from an index."""
+
+    def warm(self, pool: str, image_key: str) -> WarmIndex:
+        """The live index of the shelf's warm sandboxes, kept current as sandboxes change.
+
+        The lease service takes the sandboxes it claims out of it (a claim's write puts them back
+        when it fails, or moves them out for good when it succeeds); every other change is the
+        backend's to apply.
+        """
+
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
         """Call `on_change` whenever a sandbox is added or changes (e.g. becomes warm)."""
 
@@ -45,6 +57,9 @@ class Backend(Protocol):
 
     async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
         """Replace the lease on a leased sandbox (renewal), conditionally like `claim`."""
+
+    async def unclaim(self, sandbox: Sandbox) -> None:
+        """Take back a claim nobody received: warm again, unless somebody wrote it since."""
 
     async def release(self, sandbox: Sandbox) -> None:
         """Mark the sandbox released; the runtime destroys it off the critical path."""

@@ -15,9 +15,11 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sandfleet.core import api
-from sandfleet.core.leases import Lease, lease_metadata, release_metadata
+from sandfleet.core.lease_keys import LeaseKeys
+from sandfleet.core.leases import Lease, lease_metadata, release_metadata, unclaim_metadata
 from sandfleet.core.model import image_key
 from sandfleet.core.sandboxes import Sandbox, sandbox_from_pod, split_lease_id
+from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
 
 log = logging.getLogger(__name__)
@@ -58,11 +60,16 @@ class KubeBackend:
         self,
         namespace: str,
         connect: Callable[[], Awaitable[client.ApiClient]] = load_client_config,
+        token_audiences: list[str] | None = None,
     ) -> None:
         self.namespace = namespace
+        # A token minted for the gateway's own audience is useless against the apiserver itself.
+        self.token_audiences = token_audiences or None
         self._connect = connect
         self._sandboxes: dict[str, Sandbox] = {}
         self._by_pool: dict[str, dict[str, Sandbox]] = {}  # so a lease scans its pool, not all
+        self._warm = WarmShelves()  # so a lease touches only the sandboxes it takes
+        self._lease_keys = LeaseKeys()  # so a retried acquire does not scan every sandbox
         self._pools: dict[str, PoolInfo] = {}
         self._listeners: list[Callable[[Sandbox], None]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -87,6 +94,12 @@ class KubeBackend:
     def sandbox(self, lease_id: str) -> Sandbox | None:
         return self._sandboxes.get(lease_id)
 
+    def warm(self, pool: str, image_key: str) -> WarmIndex:
+        return self._warm.shelf(pool, image_key)
+
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+        return self._lease_keys.find(holder, idempotency_key)
+
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
         self._listeners.append(on_change)
 
@@ -97,6 +110,12 @@ class KubeBackend:
 
     async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
         return await self._patch(sandbox, lease_metadata(lease))
+
+    async def unclaim(self, sandbox: Sandbox) -> None:
+        # Conditional on the claim's own version: if anybody wrote since (a retry of the same
+        # request adopted the lease through another replica), the lease is theirs and stays.
+        with contextlib.suppress(ApiException):
+            await self._patch(sandbox, unclaim_metadata())
 
     async def release(self, sandbox: Sandbox) -> None:
         # Unconditional: releasing twice, or after a renewal elsewhere, must still release.
@@ -179,7 +198,9 @@ class KubeBackend:
 
     async def review_token(self, token: str) -> tuple[str, list[str]] | None:
         """The user a bearer token belongs to, by TokenReview; None if the apiserver rejects it."""
-        review = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
+        review = client.V1TokenReview(
+            spec=client.V1TokenReviewSpec(token=token, audiences=self.token_audiences)
+        )
         result = await client.AuthenticationV1Api(self.api_client).create_token_review(review)
         if not result.status or not result.status.authenticated:
             return None
@@ -298,6 +319,8 @@ class KubeBackend:
         if what == "pods":
             self._sandboxes.clear()
             self._by_pool.clear()
+            self._warm.clear()
+            self._lease_keys.clear()
         else:
             self._pools.clear()
         for item in items:
@@ -311,6 +334,8 @@ class KubeBackend:
         if kind == "DELETED":
             self._sandboxes.pop(sandbox.key, None)
             self._by_pool.get(sandbox.pool, {}).pop(sandbox.key, None)
+            self._warm.remove(sandbox)
+            self._lease_keys.remove(sandbox.key)
             return
         self._upsert(sandbox)
 
@@ -320,6 +345,8 @@ class KubeBackend:
             return  # a late watch event must not roll back what a write already told us
         self._sandboxes[sandbox.key] = sandbox
         self._by_pool.setdefault(sandbox.pool, {})[sandbox.key] = sandbox
+        self._warm.update(sandbox)
+        self._lease_keys.update(sandbox)
         for listener in self._listeners:
             listener(sandbox)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -13,7 +14,8 @@ from sandfleet.core import api
 from sandfleet.core.leases import Lease, LeaseError, choose_ttl
 from sandfleet.core.model import image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place
-from sandfleet.core.sandboxes import Sandbox, pick_warm
+from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.warm_index import Shelf
 from sandfleet.gateway.backend import Backend, PoolInfo
 
 
@@ -68,17 +70,29 @@ class LeaseRequest:
     wait_seconds: float = 30.0
 
 
+MAX_READY_TIMES = 100_000  # sandboxes whose first warm moment is remembered (for boot time)
+MAX_STALE = 100_000  # lost claims remembered (a deleted Pod's entry would otherwise stay forever)
+
+
 @dataclass(frozen=True)
 class Granted:
     """Leases handed out, with where the time went."""
 
     leases: list[tuple[Lease, Sandbox]]
-    queue_seconds: float
+    queue_seconds: float  # waiting, less the boot time below
     claim_seconds: float
     position: int  # place in the queue on arrival; 0 when served at once
+    boot_seconds: float = 0.0  # of the wait, the time the sandbox it got was still booting (cold)
 
 
-Shelf = tuple[str, str]  # (pool, image key): sandboxes that are interchangeable for a lease
+def boot_overlap(arrived: float, granted: float, created: float, ready: float | None) -> float:
+    """The part of a wait over [arrived, granted] spent on a sandbox booting over [created, ready].
+
+    Zero for a sandbox already warm on arrival, or whose creation or ready time is unknown.
+    """
+    if ready is None or created <= 0:
+        return 0.0
+    return max(0.0, min(granted, ready) - max(arrived, created))
 
 
 @dataclass(eq=False)
@@ -90,11 +104,21 @@ class _Waiter:
     future: asyncio.Future[list[tuple[Lease, Sandbox]]]
     got: list[tuple[Lease, Sandbox]] = field(default_factory=list)
     claim_seconds: float = 0.0
-    abandoned: bool = False
+    abandoned: bool = False  # its wait ran out
+    cancelled: bool = False  # its caller went away: whatever it gets goes back to warm
+    in_flight: list[Sandbox] = field(default_factory=list)  # claims being written for it now
 
     @property
     def missing(self) -> int:
         return self.request.count - len(self.got)
+
+
+@dataclass(eq=False)
+class _Shared:
+    """One acquire shared by the retries of a request (same idempotency key) that await it."""
+
+    task: asyncio.Future[Granted]
+    callers: int = 0
 
 
 @dataclass
@@ -119,9 +143,15 @@ class LeaseService:
         self.max_waiting = max_waiting
         self.spinup_seconds = spinup_seconds
         self._queues: dict[Shelf, _PoolQueue] = {}
-        self._stale: dict[str, str] = {}  # sandbox key -> resourceVersion a claim lost on
-        self._by_idempotency_key: dict[str, asyncio.Future[Granted]] = {}
+        # sandbox key -> resourceVersion a claim lost on: that version is not warm, whatever the
+        # index says until the watch brings the newer one.
+        self._stale: OrderedDict[str, str] = OrderedDict()
+        self._by_idempotency_key: dict[str, _Shared] = {}
+        # Sandboxes claimed for callers who went away, until their un-claim lands: never handed to
+        # a retry with the same idempotency key in between.
+        self._disowned: set[str] = set()
         self._claims: set[asyncio.Task[None]] = set()  # held so the loop cannot drop them
+        self._ready_at: OrderedDict[str, float] = OrderedDict()  # sandbox key -> first seen warm
         backend.subscribe(self._on_change)
 
     # -- acquire -------------------------------------------------------------------------------
@@ -155,25 +185,56 @@ class LeaseService:
     async def _acquire_once(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
         """A retried request with the same idempotency key gets the same leases, never new ones."""
         key = f"{request.holder}/{request.idempotency_key}"
-        earlier = self._leases_with_key(request.idempotency_key or "", request.holder)
-        if earlier:
-            return Granted(earlier, 0.0, 0.0, 0)
-        running = self._by_idempotency_key.get(key)
-        if running is None:
-            running = asyncio.ensure_future(self._acquire(request, shelf, ttl))
-            self._by_idempotency_key[key] = running
-            running.add_done_callback(lambda _: self._by_idempotency_key.pop(key, None))
-        return await asyncio.shield(running)
+        shared = self._by_idempotency_key.get(key)
+        if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
+            earlier = await self._adopt(self._leases_with_key(request.idempotency_key or "", request.holder))
+            if earlier:
+                return Granted(earlier, 0.0, 0.0, 0)
+            shared = _Shared(asyncio.ensure_future(self._acquire(request, shelf, ttl)))
+            self._by_idempotency_key[key] = shared
+            shared.task.add_done_callback(functools.partial(self._forget, key, shared))
+        shared.callers += 1
+        try:
+            return await asyncio.shield(shared.task)
+        finally:
+            shared.callers -= 1
+            # The acquire is shared by retries of one request; it is called off only when the last
+            # of them has gone (a retry that arrives later starts afresh).
+            if shared.callers == 0 and not shared.task.done():
+                shared.task.cancel()
+                await asyncio.wait({shared.task})  # it has left the queue when we return
+
+    async def _adopt(self, found: list[tuple[Lease, Sandbox]]) -> list[tuple[Lease, Sandbox]]:
+        """Hand earlier leases to a retry only after a conditional write (a renewal) on each.
+
+        The gateway that claimed them may be un-claiming them because the first attempt's client
+        went away; that un-claim is conditional on the claim's version, so exactly one of the two
+        writes wins: the retry gets a lease that stays, or it gets none and acquires afresh.
+        """
+        now = self.clock()
+        renewed = [lease.renewed(now, lease.ttl_seconds) for lease, _ in found]
+        written = await asyncio.gather(
+            *(self.backend.write_lease(s, r) for (_, s), r in zip(found, renewed, strict=True))
+        )
+        return [(r, s) for r, s in zip(renewed, written, strict=True) if s is not None]
+
+    def _forget(self, key: str, shared: _Shared, _: object) -> None:
+        if self._by_idempotency_key.get(key) is shared:
+            del self._by_idempotency_key[key]
 
     def _leases_with_key(self, idempotency_key: str, holder: str) -> list[tuple[Lease, Sandbox]]:
+        # An expired lease is not handed back: its sandbox is being reaped, so a retry gets a new one.
+        now = self.clock()
         found = []
-        for sandbox in self.backend.sandboxes():
+        for sandbox in self.backend.leased_with_key(holder, idempotency_key):
             lease = sandbox.lease
             if (
                 lease is not None
                 and sandbox.state == api.LEASE_LEASED
                 and lease.idempotency_key == idempotency_key
                 and lease.holder == holder
+                and not lease.expired(now)
+                and sandbox.key not in self._disowned
             ):
                 found.append((lease, sandbox))
         return found
@@ -184,7 +245,7 @@ class LeaseService:
         position = len(queue.waiters) + 1
         eta_each = eta_per_place(queue.refills.current(now), self.spinup_seconds)
         # Only a caller who would have to wait is subject to the queue's limit.
-        if queue.waiters or len(self._available(shelf, queue)) < request.count:
+        if queue.waiters or len(self.backend.warm(*shelf)) < request.count:
             admission = admit(len(queue.waiters), self.max_waiting, eta_each / request.count)
             if not admission.admitted:
                 raise QueueFull(request.pool, admission)
@@ -194,11 +255,25 @@ class LeaseService:
         self._dispatch(shelf)
         started = time.monotonic()
         try:
-            leases = await asyncio.wait_for(asyncio.shield(waiter.future), request.wait_seconds)
-        except TimeoutError:
-            leases = await self._give_up(queue, waiter, eta_each)
-        waited = time.monotonic() - started - waiter.claim_seconds
-        return Granted(leases, max(waited, 0.0), waiter.claim_seconds, position - 1)
+            try:
+                leases = await asyncio.wait_for(asyncio.shield(waiter.future), request.wait_seconds)
+            except TimeoutError:
+                leases = await self._give_up(queue, waiter, eta_each)
+        except asyncio.CancelledError:
+            self._cancel(queue, waiter)
+            raise
+        waited = max(time.monotonic() - started - waiter.claim_seconds, 0.0)
+        boot = self._boot_seconds(waiter, leases, waited)
+        return Granted(leases, waited - boot, waiter.claim_seconds, position - 1, boot)
+
+    def _boot_seconds(self, waiter: _Waiter, leases: list[tuple[Lease, Sandbox]], waited: float) -> float:
+        """The part of a wait spent on sandboxes being created (a group waits for its slowest)."""
+        granted = waiter.arrived + waited
+        boot = 0.0
+        for _, sandbox in leases:
+            ready = self._ready_at.pop(sandbox.key, None)
+            boot = max(boot, boot_overlap(waiter.arrived, granted, sandbox.created_at, ready))
+        return min(boot, waited)
 
     async def _give_up(
         self, queue: _PoolQueue, waiter: _Waiter, eta_each: float
@@ -207,42 +282,42 @@ class LeaseService:
         if waiter in queue.waiters:
             position = list(queue.waiters).index(waiter) + 1
             queue.waiters.remove(waiter)
-            # All or nothing: release what a group got so far (unused; the operator replaces them).
-            await asyncio.gather(*(self._unclaim(s) for _, s in waiter.got))
+            # All or nothing: what a group got so far goes back to warm (nobody used it).
+            await asyncio.shield(self._give_back(waiter.got))
             raise WaitTimeout(waiter.request.pool, position, position * eta_each)
         # Its claims are in flight: they finish in a round trip, and the caller gets them.
         return await waiter.future
 
     def _dispatch(self, shelf: Shelf) -> None:
-        """Pair waiters, head first, with warm sandboxes and claim them concurrently."""
+        """Pair waiters, head first, with warm sandboxes and claim them concurrently.
+
+        The backend's ordered index hands out only what is taken: the cost is O(k log n) for k
+        sandboxes, not a scan and sort of the whole pool on every acquire and every change.
+        """
         queue = self._queues.get(shelf)
         if not queue or not queue.waiters:
             return
-        available = self._available(shelf, queue)  # oldest first, across all regions
-        while queue.waiters and available:
+        warm = self.backend.warm(*shelf)
+
+        def skip(sandbox: Sandbox) -> bool:
+            # Taken sandboxes leave the index, so these are only the few an event brought back
+            # while their claim is still in flight, or whose version a claim just lost on.
+            return sandbox.key in queue.claiming or self._stale.get(sandbox.key) == sandbox.resource_version
+
+        while queue.waiters and len(warm) >= queue.waiters[0].missing:
             waiter = queue.waiters[0]
-            if waiter.missing > len(available):
+            chosen = warm.take(waiter.missing, waiter.request.regions, skip)
+            if len(chosen) < waiter.missing:
+                for sandbox in chosen:
+                    warm.put(sandbox)
                 break  # strict FIFO: a group at the head is not overtaken by smaller requests
             queue.waiters.popleft()
-            if waiter.request.regions:
-                chosen = pick_warm(available, waiter.request.regions)[: waiter.missing]
-                taken = {s.key for s in chosen}
-                available = [s for s in available if s.key not in taken]
-            else:
-                chosen, available = available[: waiter.missing], available[waiter.missing :]
             for sandbox in chosen:
                 queue.claiming.add(sandbox.key)
+            waiter.in_flight = chosen
             task = asyncio.ensure_future(self._claim_for(queue, waiter, chosen))
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
-
-    def _available(self, shelf: Shelf, queue: _PoolQueue) -> list[Sandbox]:
-        """Warm sandboxes of the shelf nobody is claiming and no claim has just lost a race on."""
-        pool, key = shelf
-        skip = frozenset(queue.claiming) | {
-            name for name, version in list(self._stale.items()) if self._is_stale(name, version)
-        }
-        return pick_warm((s for s in self.backend.sandboxes(pool) if s.image_key == key), (), skip)
 
     async def _claim_for(self, queue: _PoolQueue, waiter: _Waiter, chosen: list[Sandbox]) -> None:
         started = time.monotonic()
@@ -257,19 +332,38 @@ class LeaseService:
             for sandbox in chosen:
                 queue.claiming.discard(sandbox.key)
         waiter.claim_seconds += time.monotonic() - started
+        waiter.in_flight = []
+        failure: BaseException | None = None
         for sandbox, lease, result in zip(chosen, attempts, results, strict=True):
             if isinstance(result, Sandbox):
                 waiter.got.append((lease, result))
-            else:
+                continue
+            self._disowned.discard(sandbox.key)
+            if result is None:
+                # Somebody changed it first (409) or it is gone (404): skip this version of it.
                 self._stale[sandbox.key] = sandbox.resource_version
-        if waiter.future.done():
+                while len(self._stale) > MAX_STALE:
+                    self._stale.popitem(last=False)
+            else:
+                # The write itself failed (the apiserver is away): the sandbox is as free as it was,
+                # so it goes back in the index rather than being shunned, and the caller is told
+                # now (a 503 to retry), not after its whole wait.
+                failure = failure or result
+                current = self.backend.sandbox(sandbox.key)
+                if current is not None and current.warm:
+                    self.backend.warm(*waiter.shelf).put(current)
+        if waiter.cancelled:
+            # Its caller has gone: nobody will ever hear of these leases, so they go back to warm.
+            self._give_back(waiter.got)
+            waiter.got = []
+        elif waiter.future.done():
             return
-        if waiter.missing == 0:
+        elif waiter.missing == 0:
             waiter.future.set_result(waiter.got)
-        elif waiter.abandoned:
-            await asyncio.gather(*(self._unclaim(s) for _, s in waiter.got))
+        elif waiter.abandoned or failure is not None:
+            await asyncio.shield(self._give_back(waiter.got))
             waiter.future.set_exception(
-                WaitTimeout(waiter.request.pool, 1, eta_per_place(0, self.spinup_seconds))
+                failure or WaitTimeout(waiter.request.pool, 1, eta_per_place(0, self.spinup_seconds))
             )
         else:
             queue.waiters.appendleft(waiter)  # lost a race: keep its place at the head
@@ -289,19 +383,49 @@ class LeaseService:
             policy_version=request.policy_version,
         )
 
+    def _cancel(self, queue: _PoolQueue, waiter: _Waiter) -> None:
+        """The caller went away (disconnected, or its task was cancelled): leave no lease behind."""
+        waiter.abandoned = waiter.cancelled = True
+        if waiter in queue.waiters:
+            queue.waiters.remove(waiter)
+            self._give_back(waiter.got)  # a group's partial claims
+            waiter.got = []
+            self._dispatch(waiter.shelf)  # a group that left the head may unblock those behind
+        elif waiter.in_flight:
+            # _claim_for gives them back when they land; until then a retry must not adopt them.
+            self._disowned.update(s.key for s in waiter.in_flight)
+            self._disowned.update(s.key for _, s in waiter.got)
+        elif waiter.future.done() and not waiter.future.cancelled() and not waiter.future.exception():
+            self._give_back(waiter.future.result())  # granted in the very step it was cancelled
+
+    def _give_back(self, leases: list[tuple[Lease, Sandbox]]) -> asyncio.Future[None]:
+        """Un-claim sandboxes nobody received, in a task of its own (a cancelled caller can't wait)."""
+        keys = {sandbox.key for _, sandbox in leases}
+        self._disowned.update(keys)
+
+        async def give_back() -> None:
+            try:
+                await asyncio.gather(*(self._unclaim(sandbox) for _, sandbox in leases))
+            finally:
+                self._disowned.difference_update(keys)
+
+        task = asyncio.ensure_future(give_back())
+        self._claims.add(task)
+        task.add_done_callback(self._claims.discard)
+        return task
+
     async def _unclaim(self, sandbox: Sandbox) -> None:
         with contextlib.suppress(Exception):
-            await self.backend.release(sandbox)
-
-    def _is_stale(self, key: str, version: str) -> bool:
-        current = self.backend.sandbox(key)
-        if current is None or current.resource_version != version:
-            self._stale.pop(key, None)
-            return False
-        return True
+            await self.backend.unclaim(sandbox)
 
     def _on_change(self, sandbox: Sandbox) -> None:
+        if self._stale.get(sandbox.key, sandbox.resource_version) != sandbox.resource_version:
+            del self._stale[sandbox.key]  # the version a claim lost on has been superseded
         if sandbox.warm:
+            if sandbox.key not in self._ready_at:
+                self._ready_at[sandbox.key] = self.clock()
+                while len(self._ready_at) > MAX_READY_TIMES:
+                    self._ready_at.popitem(last=False)
             shelf = (sandbox.pool, sandbox.image_key)
             queue = self._queues.get(shelf)
             if queue is not None:
@@ -315,7 +439,11 @@ class LeaseService:
 
     async def current(self, lease_id: str, holder: str | None = None) -> tuple[Lease, Sandbox]:
         """The live lease and its sandbox, or NotFound / Gone / Forbidden saying why not."""
-        sandbox = self.backend.sandbox(lease_id) or await self.backend.fresh(lease_id)
+        sandbox = self.backend.sandbox(lease_id)
+        if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
+            # Not (yet) a lease here: another replica may have just granted it and our watch lags
+            # behind, so the source of truth decides before a holder is told its lease is unknown.
+            sandbox = await self.backend.fresh(lease_id)
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
             raise NotFound(f"no lease {lease_id!r}: it never existed or its sandbox is gone")
         lease = sandbox.lease

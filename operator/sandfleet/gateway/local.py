@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from sandfleet.core import api
+from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import Lease, LeaseError
 from sandfleet.core.model import image_key
 from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.local.pool import WarmPool
 from sandfleet.local.runtime import LocalRuntime
@@ -53,6 +55,8 @@ class LocalBackend:
         self._local: dict[str, LocalSandbox] = {}
         self._ended: OrderedDict[str, Sandbox] = OrderedDict()
         self._listeners: list[Callable[[Sandbox], None]] = []
+        self._warm = WarmShelves()
+        self._lease_keys = LeaseKeys()
         self._versions = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
         self._prefetch_reset: asyncio.TimerHandle | None = None
@@ -91,6 +95,12 @@ class LocalBackend:
     def sandbox(self, lease_id: str) -> Sandbox | None:
         return self._sandboxes.get(lease_id) or self._ended.get(lease_id)
 
+    def warm(self, pool: str, image_key: str) -> WarmIndex:
+        return self._warm.shelf(pool, image_key)
+
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+        return self._lease_keys.find(holder, idempotency_key)
+
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
         self._listeners.append(on_change)
 
@@ -113,6 +123,13 @@ class LocalBackend:
             return None
         return self._store(replace(current, lease=lease))
 
+    async def unclaim(self, sandbox: Sandbox) -> None:
+        current = self._sandboxes.get(sandbox.key)
+        if current is None or current.resource_version != sandbox.resource_version:
+            return  # written since (a retry adopted it): the lease stays
+        self.warm_pool.put_back(self._local[sandbox.key])
+        self._store(replace(current, state=api.LEASE_FREE, lease=None))
+
     async def release(self, sandbox: Sandbox) -> None:
         self._end(sandbox.key, api.LEASE_RELEASED)
 
@@ -122,6 +139,8 @@ class LocalBackend:
         local = self._local.pop(key, None)
         if current is None or local is None:
             return
+        self._warm.remove(current)
+        self._lease_keys.remove(key)
         ended = replace(current, state=state, resource_version=str(next(self._versions)))
         self._ended[key] = ended
         while len(self._ended) > ENDED_MEMORY:
@@ -160,7 +179,9 @@ class LocalBackend:
                 address=local.address,
                 port=local.port,
                 lease=None,
-                created_at=self.clock(),
+                # When its creation began (the runtime timed it), so the lease service can tell
+                # how much of a cold acquire's wait was this sandbox booting.
+                created_at=self.clock() - local.timings.get("total_s", 0.0),
                 image_key=image_key(self.info.image),
             )
         )
@@ -168,6 +189,8 @@ class LocalBackend:
     def _store(self, sandbox: Sandbox) -> Sandbox:
         stored = replace(sandbox, resource_version=str(next(self._versions)))
         self._sandboxes[stored.key] = stored
+        self._warm.update(stored)
+        self._lease_keys.update(stored)
         for listener in self._listeners:
             listener(stored)
         return stored

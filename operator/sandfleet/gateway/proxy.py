@@ -23,6 +23,10 @@ HOP_HEADERS = {
     "authorization",
     "content-length",
 }
+# A request body is relayed byte for byte, so its length goes with it: without it the body goes
+# chunked, and an agent that answers before reading a chunked body (a 404, say) must close the
+# connection; the pool would hand that dying connection to the next caller, who would get a 502.
+REQUEST_DROP = HOP_HEADERS - {"content-length"}
 
 
 class SandboxUnreachable(ConnectionError):
@@ -32,10 +36,15 @@ class SandboxUnreachable(ConnectionError):
 class AgentProxy:
     """One pooled HTTP client to every agent (keep-alive makes an exec a single round trip)."""
 
-    def __init__(self, agent_token: str | None = None, timeout: float = 3600.0) -> None:
+    def __init__(
+        self, agent_token: str | None = None, timeout: float = 3600.0, write_timeout: float = 60.0
+    ) -> None:
         self.agent_token = agent_token
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=5.0),
+            # A write that makes no progress for a minute means the sandbox died under it (an upload
+            # that filled its memory kills it silently: its netstack goes with it, so no reset comes).
+            # Without this bound the caller would hang for the hour an exec may take, not get a 502.
+            timeout=httpx.Timeout(timeout, connect=5.0, write=write_timeout),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
         )
 
@@ -43,7 +52,9 @@ class AgentProxy:
         await self.client.aclose()
 
     def _headers(self, request: Request) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_DROP}
+        if "transfer-encoding" in request.headers:
+            headers.pop("content-length", None)
         if self.agent_token:
             headers["authorization"] = f"Bearer {self.agent_token}"
         return headers

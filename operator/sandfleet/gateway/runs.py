@@ -119,15 +119,23 @@ class Runs:
 
     # -- what the gateway sees itself ------------------------------------------------------------
 
-    def leased(self, leases: Iterable[Lease], queue_seconds: float, claim_seconds: float) -> None:
-        """Record an acquire's queue and claim time against its run; start tracking its leases."""
+    def leased(
+        self, leases: Iterable[Lease], queue_seconds: float, claim_seconds: float, boot_seconds: float = 0.0
+    ) -> None:
+        """Record an acquire's queue, boot and claim time against its run; track its leases.
+
+        Boot is the part of the wait its sandbox was still being created (a cold acquire).
+        """
         now = self.clock()
         for index, lease in enumerate(leases):
             if lease.run is None:
                 continue
-            if index == 0:  # a group waited once: one queue and one claim span per acquire
+            if index == 0:  # a group waited once: one queue, boot and claim span per acquire
                 claim_start = now - claim_seconds
-                self._add(lease.run, Span("queue", claim_start - queue_seconds, claim_start, "gateway"))
+                boot_start = claim_start - boot_seconds  # the sandbox became ready just before its claim
+                self._add(lease.run, Span("queue", boot_start - queue_seconds, boot_start, "gateway"))
+                if boot_seconds > 0:
+                    self._add(lease.run, Span("boot", boot_start, claim_start, "gateway"))
                 self._add(lease.run, Span("claim", claim_start, now, "gateway"))
             self._leases[lease.id] = _Tracked(lease.run, lease.policy_version, now)
             while len(self._leases) > MAX_TRACKED_LEASES:

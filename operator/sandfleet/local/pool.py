@@ -88,6 +88,15 @@ class WarmPool:
         self._refill()
         return True
 
+    def put_back(self, sandbox: Sandbox) -> None:
+        """Return a sandbox taken with `take` but never used: it is ready again, first in line.
+
+        No refill here: retiring the surplus now would destroy a sandbox its owner still lists as
+        warm; the next take evens the count out.
+        """
+        self._ready.appendleft(sandbox)
+        self._changed.set()
+
     def release(self, lease: Lease) -> None:
         """Give a sandbox back: it is destroyed (never reused) off the critical path."""
         self.runtime.release(lease.sandbox)

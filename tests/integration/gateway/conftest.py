@@ -144,13 +144,14 @@ def start_gateway(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKENS)
 
-    def start(auth: str = "static", max_waiting: int = 1000) -> Gateway:
+    def start(auth: str = "static", max_waiting: int = 1000, audiences: tuple[str, ...] = ()) -> Gateway:
         port = free_port()
         log = tmp_path / f"gateway-{port}.log"
         argv = [
             sys.executable, "-m", "sandfleet.cli", "gateway",
             "--host", "127.0.0.1", "--port", str(port), "--namespace", namespace,
             "--auth", auth, "--token-file", str(tokens), "--max-waiting", str(max_waiting),
+            *(f"--token-audience={audience}" for audience in audiences),
         ]  # fmt: skip
         env = dict(os.environ, KUBECONFIG=str(kubectl.kubeconfig))
         with log.open("wb") as out:

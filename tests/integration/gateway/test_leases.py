@@ -254,6 +254,22 @@ def test_auth_static_tokens(pool: Pool, start_gateway: GatewayFactory) -> None:
         assert other.delete(f"/v1/leases/{lease['id']}").status_code == 403
 
 
+def test_auth_with_a_gateway_audience_refuses_apiserver_tokens(
+    pool: Pool, start_gateway: GatewayFactory, kube: Kubectl
+) -> None:
+    pool.add_sandboxes(1)
+    kube("create", "serviceaccount", "actor")
+    apiserver_token = kube("create", "token", "actor", "--duration=10m").strip()
+    gateway_token = kube("create", "token", "actor", "--duration=10m", "--audience=sandfleet-gateway").strip()
+    gateway = start_gateway(auth="kubernetes", audiences=("sandfleet-gateway",))
+    with gateway.client(token=apiserver_token) as client:
+        refused = acquire(client)
+        assert refused.status_code == 401, refused.text
+    # Minted for the gateway: authenticated (then refused by RBAC, which nothing granted here).
+    with gateway.client(token=gateway_token) as client:
+        assert acquire(client).status_code == 403
+
+
 def test_auth_kubernetes_tokens_and_rbac(
     pool: Pool, start_gateway: GatewayFactory, kube: Kubectl, namespace: str
 ) -> None:
@@ -365,3 +381,27 @@ def test_gateway_killed_mid_burst_loses_nothing_and_retries_find_their_leases(
     assert all(retried[key] == lease_id for key, lease_id in answered.items())
     on_pods = {lease["idempotency_key"]: lease["id"] for lease in pool.leases_on_pods().values()}
     assert on_pods == retried, "a lease was lost, duplicated, or granted twice for one key"
+
+
+def test_callers_who_give_up_leave_no_lease_behind(pool: Pool, start_gateway: GatewayFactory) -> None:
+    """Clients that time out on queued acquires (one single, one group) get nothing leased later."""
+    gateway = start_gateway()
+    for body in ({"idempotency_key": "gives-up"}, {"count": 2}):
+        with gateway.client(timeout=1.0) as impatient, pytest.raises(httpx.ReadTimeout):
+            acquire(impatient, wait_seconds=60, **body)
+    with gateway.client() as client:
+
+        def waiting() -> int:
+            pools = client.get("/v1/pools").json()["pools"]
+            return int(next(p for p in pools if p["name"] == "python")["waiting"])
+
+        wait_for(lambda: waiting() == 0, "the abandoned acquires to leave the queue", timeout=10)
+        names = pool.add_sandboxes(2)
+        time.sleep(2)  # an abandoned waiter would have claimed them within milliseconds
+        pods = {p["metadata"]["name"]: p["metadata"] for p in pool.pods()}
+        for name in names:
+            assert pods[name]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_FREE
+            assert api.LEASE_ANNOTATION not in (pods[name].get("annotations") or {})
+        granted = acquire(client, count=2, wait_seconds=5)
+        assert granted.status_code == 201, granted.text
+        assert sorted(lease["sandbox"] for lease in granted.json()["leases"]) == sorted(names)

@@ -10,25 +10,47 @@ from dataclasses import replace
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import Lease
 from sandfleet.core.model import image_key
 from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.gateway.leasing import Gone, LeaseRequest, LeaseService, QueueFull, WaitTimeout
 
 POOL = PoolInfo("ns", "python", 60, 600, ("us-east1", "europe-west4"), "img")
 
 
+class _Items(dict[str, Sandbox]):
+    """The store's sandboxes; every write and delete also updates the warm index (as a watch would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shelves = WarmShelves()
+        self.lease_keys = LeaseKeys()
+
+    def __setitem__(self, key: str, sandbox: Sandbox) -> None:
+        super().__setitem__(key, sandbox)
+        self.shelves.update(sandbox)
+        self.lease_keys.update(sandbox)
+
+    def __delitem__(self, key: str) -> None:
+        self.shelves.remove(self[key])
+        self.lease_keys.remove(key)
+        super().__delitem__(key)
+
+
 class MemoryBackend:
     """Conditional writes on resource versions, like the apiserver; `steal` simulates rivals."""
 
     def __init__(self, steal_probability: float = 0.0, seed: int = 0) -> None:
-        self.items: dict[str, Sandbox] = {}
+        self.items = _Items()
         self.listeners: list[Callable[[Sandbox], None]] = []
         self.version = 0
         self.random = random.Random(seed)
         self.steal_probability = steal_probability
         self.stolen: set[str] = set()
+        self.unclaimed: list[str] = []
 
     def add(self, name: str, region: str = "us-east1", image: str = "img") -> None:
         self.version += 1
@@ -49,6 +71,12 @@ class MemoryBackend:
 
     def sandbox(self, lease_id: str) -> Sandbox | None:
         return self.items.get(lease_id)
+
+    def warm(self, pool: str, image_key: str) -> WarmIndex:
+        return self.items.shelves.shelf(pool, image_key)
+
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+        return self.items.lease_keys.find(holder, idempotency_key)
 
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
         self.listeners.append(on_change)
@@ -74,6 +102,12 @@ class MemoryBackend:
 
     async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
         return await self._write(sandbox, api.LEASE_LEASED, lease)
+
+    async def unclaim(self, sandbox: Sandbox) -> None:
+        self.unclaimed.append(sandbox.key)
+        if await self._write(sandbox, api.LEASE_FREE, None) is not None:
+            for listener in self.listeners:
+                listener(self.items[sandbox.key])
 
     async def release(self, sandbox: Sandbox) -> None:
         current = self.items[sandbox.key]

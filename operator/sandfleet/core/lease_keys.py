@@ -1,0 +1,41 @@
+"""Which sandboxes carry a lease with a given (holder, idempotency key), kept current per change."""
+
+from __future__ import annotations
+
+from sandfleet.core.sandboxes import Sandbox
+
+KeyOwner = tuple[str, str]  # (holder, idempotency key)
+
+
+class LeaseKeys:
+    """Sandboxes by the idempotency key of the lease on them, so a retried acquire is O(1), not a scan."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[KeyOwner, dict[str, Sandbox]] = {}
+        self._owner: dict[str, KeyOwner] = {}  # sandbox key -> where it is filed
+
+    def update(self, sandbox: Sandbox) -> None:
+        """A sandbox was added or changed: file it under its lease's key (or nowhere)."""
+        self.remove(sandbox.key)
+        lease = sandbox.lease
+        if lease is not None and lease.idempotency_key:
+            owner = (lease.holder, lease.idempotency_key)
+            self._by_key.setdefault(owner, {})[sandbox.key] = sandbox
+            self._owner[sandbox.key] = owner
+
+    def remove(self, key: str) -> None:
+        owner = self._owner.pop(key, None)
+        if owner is None:
+            return
+        filed = self._by_key[owner]
+        del filed[key]
+        if not filed:
+            del self._by_key[owner]
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._owner.clear()
+
+    def find(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+        """The sandboxes whose current lease was acquired by `holder` with `idempotency_key`."""
+        return list(self._by_key.get((holder, idempotency_key), {}).values())

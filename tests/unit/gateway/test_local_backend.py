@@ -1,0 +1,64 @@
+"""The local backend's warm index and un-claim, over a fake runtime (no runsc needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+from sandfleet.core import api
+from sandfleet.core.limits import SandboxLimits
+from sandfleet.core.model import image_key
+from sandfleet.gateway.leasing import LeaseRequest, LeaseService
+from sandfleet.gateway.local import LocalBackend
+from sandfleet.local.runtime import Sandbox as LocalSandbox
+
+
+class FakeRuntime:
+    """Creates sandboxes at once; remembers which were destroyed."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count()
+        self.destroyed: list[str] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def create(self, spec: Any = None) -> LocalSandbox:
+        await asyncio.sleep(0)
+        n = next(self.ids)
+        return LocalSandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
+
+    def release(self, sandbox: LocalSandbox) -> None:
+        self.destroyed.append(sandbox.id)
+
+
+async def test_unclaimed_sandboxes_are_warm_again_and_released_ones_leave_the_index() -> None:
+    runtime = FakeRuntime()
+    backend = LocalBackend(runtime, "local", "img", warm=2)  # type: ignore[arg-type]
+    await backend.start()
+    try:
+        warm = backend.warm("local", image_key("img"))
+        for _ in range(100):
+            if len(warm) == 2:
+                break
+            await asyncio.sleep(0.01)
+        service = LeaseService(backend)
+        granted = await service.acquire(LeaseRequest(pool="local", holder="me"))
+        ((lease, sandbox),) = granted.leases
+        assert sandbox.state == api.LEASE_LEASED
+        assert lease.id not in warm
+        await backend.unclaim(sandbox)
+        assert backend.sandbox(lease.id).state == api.LEASE_FREE  # type: ignore[union-attr]
+        assert lease.id in warm
+        again = await service.acquire(LeaseRequest(pool="local", holder="me"))
+        assert again.leases[0][0].id == lease.id  # the oldest warm one, back in line
+        await backend.release(again.leases[0][1])
+        assert lease.id not in warm
+        assert lease.id.removeprefix("local.") in runtime.destroyed
+    finally:
+        await backend.stop()
