@@ -146,7 +146,10 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     assert results["machine"]["nproc"] >= 1
     scale = results["benchmarks"]["operator_scale"]["runs"][0]
     assert scale["sandboxes"] == 400
-    assert scale["lists_on_hot_paths"] == {}, "a hot path listed instead of watching"
+    # A list per sandbox or per lease would be hundreds here. A watch that breaks under load (its
+    # deadline passes on a starved machine) recovers with one relist: that is allowed, once or twice.
+    lists = scale["lists_on_hot_paths"]
+    assert all(count <= 2 for count in lists.values()), f"a hot path listed instead of watching: {lists}"
     assert scale["apiserver"]["clients"]["requests"] > 0
     gateway = scale["gateway"]
     assert gateway["leases"] == gateway["clients"] * gateway["rounds_per_client"]
