@@ -42,6 +42,7 @@ def serve(
     from sandfleet.gateway.auth import Authenticator, parse_token_file
     from sandfleet.gateway.local import LocalBackend
     from sandfleet.gateway.runs import MemoryPolicyStore
+    from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS
     from sandfleet.local.errors import LocalRuntimeError
     from sandfleet.local.runtime import LocalRuntime
     from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc
@@ -81,4 +82,11 @@ def serve(
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
     )
     console.print(f"sandfleet: serving pool {pool!r} ({warm} warm) on http://{host}:{port}")
-    uvicorn.run(create_app(runtime), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(
+        create_app(runtime),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )

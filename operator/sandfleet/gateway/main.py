@@ -9,7 +9,7 @@ from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
-from sandfleet.gateway.settings import GatewaySettings
+from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, GatewaySettings
 
 
 def kube_app(settings: GatewaySettings) -> FastAPI:
@@ -44,4 +44,5 @@ def run(settings: GatewaySettings) -> None:
         port=settings.port,
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )

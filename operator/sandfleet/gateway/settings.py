@@ -8,6 +8,11 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Idle keep-alive connections live longer on the server than in clients (httpx drops its own after
+# 5 s): with equal timeouts a client reuses a connection at the instant the server closes it, and
+# the request fails with a protocol error instead of being served.
+KEEP_ALIVE_SECONDS = 65
+
 
 class GatewaySettings(BaseSettings):
     """How a gateway serves: where, which namespace, how callers authenticate."""
