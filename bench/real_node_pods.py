@@ -29,25 +29,14 @@ from typing import Any
 from kubernetes_asyncio import client, config, watch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+from localcluster.addresses import REAL_NODE_TEST_ENV  # noqa: E402
+
 CLUSTER = REPO / "hack" / "cluster"
 IMAGE = "sandfleet/sandbox:0.1.0"  # the name `hack/cluster up --real-node` imports the image as
 TARGET_READY_P50_S = 2.0
 PHASES = ("scheduled", "started", "ready")
-# The same as tests/e2e/real_node/cluster.py (a unit test checks): one real node fits on a host, so
-# the benchmark and the e2e suites share it, and none of them touches the shared test cluster.
-BENCH_ENV = {
-    "SANDFLEET_CLUSTER_DIR": "/tmp/sandfleet-real-node-test",
-    "SANDFLEET_APISERVER_PORT": "36443",
-    "SANDFLEET_ETCD_PORT": "43790",
-    "SANDFLEET_ETCD_PEER_PORT": "43800",
-    "SANDFLEET_CONTROLLER_MANAGER_PORT": "30257",
-    "SANDFLEET_SCHEDULER_PORT": "30259",
-    "SANDFLEET_KWOK_PORT": "30247",
-    "SANDFLEET_KUBELET_PORT": "30250",
-    "SANDFLEET_KUBELET_HEALTHZ_PORT": "30248",
-    "SANDFLEET_KUBE_PROXY_METRICS_PORT": "30249",
-    "SANDFLEET_KUBE_PROXY_HEALTHZ_PORT": "30256",
-}
+BENCH_ENV = REAL_NODE_TEST_ENV  # the e2e suites' cluster: one real node fits on a host
 
 
 def log(message: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localcluster.addresses import REAL_NODE_TEST_ENV
 from tests.support.kube import Kubectl, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,20 +22,7 @@ RUNTIME_CLASS = "gvisor"
 NODE_NAME = "sandfleet-real-node"
 REAL_NODE_LABEL = "sandfleet.dev/real-node"
 
-# Never the shared test cluster's (/tmp/sandfleet-cluster, 16443, ...) nor the benchmarks' ports.
-REAL_CLUSTER_ENV = {
-    "SANDFLEET_CLUSTER_DIR": "/tmp/sandfleet-real-node-test",
-    "SANDFLEET_APISERVER_PORT": "36443",
-    "SANDFLEET_ETCD_PORT": "43790",
-    "SANDFLEET_ETCD_PEER_PORT": "43800",
-    "SANDFLEET_CONTROLLER_MANAGER_PORT": "30257",
-    "SANDFLEET_SCHEDULER_PORT": "30259",
-    "SANDFLEET_KWOK_PORT": "30247",
-    "SANDFLEET_KUBELET_PORT": "30250",
-    "SANDFLEET_KUBELET_HEALTHZ_PORT": "30248",
-    "SANDFLEET_KUBE_PROXY_METRICS_PORT": "30249",
-    "SANDFLEET_KUBE_PROXY_HEALTHZ_PORT": "30256",
-}
+REAL_CLUSTER_ENV = REAL_NODE_TEST_ENV
 
 
 class RealClusterError(Exception):
