@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import statistics
-import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -24,8 +22,7 @@ import httpx
 import pytest
 
 from sandfleet.local.tools import ImageRef
-from tests.e2e.local.test_serve import free_port
-from tests.support.servers import wait_until_ready
+from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
 
@@ -43,24 +40,11 @@ def gateway(runsc: Path, base_image: ImageRef, tmp_path_factory: pytest.TempPath
     Only this gateway's own sandboxes are checked (by its runtime's instance directory): other
     suites may run gVisor sandboxes on the same host at the same time.
     """
-    tmp_path = tmp_path_factory.mktemp("abuse")
-    port = free_port()
-    tokens = tmp_path / "tokens"
-    tokens.write_text("local-token actor-0\n")
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port),
-             "--warm", "2", "--pool", "python", "--token-file", str(tokens)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    wait_until_ready(url, process, log, timeout=120, what="sandfleet serve to have a warm sandbox")
+    url, process, log = start_local_serve(tmp_path_factory.mktemp("abuse"))
     instance = own_instance(process.pid)
     assert sandboxes_of(instance) >= 1
     yield url
-    process.terminate()
-    assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+    stop_local_serve(process, log)
     assert sandboxes_of(instance) == 0, "serve left gVisor sandboxes behind"
 
 

@@ -18,9 +18,8 @@ import pytest
 
 from sandfleet.client import Fleet
 from tests.e2e.local.test_rl_loop import tasks_gateway
-from tests.e2e.local.test_serve import free_port
 from tests.support.kube import wait_until
-from tests.support.servers import wait_until_ready
+from tests.support.servers import free_port, wait_until_ready
 
 pytestmark = pytest.mark.gvisor
 __all__ = ["tasks_gateway"]  # the module's fixture: `sandfleet serve --local --tasks`, pool "tasks"

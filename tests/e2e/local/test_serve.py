@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,16 +11,9 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, LeaseEnded
 from sandfleet.local.tools import ImageRef
-from tests.support.servers import wait_until_ready
+from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -31,24 +21,10 @@ def gateway(runsc: Path, base_image: ImageRef, tmp_path: Path) -> Iterator[str]:
     """A real `sandfleet serve --local` process with 2 warm sandboxes; stopped (and its sandboxes
     destroyed) after the test."""
     sandboxes_before = runsc_sandboxes()
-    port = free_port()
-    tokens = tmp_path / "tokens"
-    tokens.write_text("local-token actor-0\n")
-    log = tmp_path / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port),
-             "--warm", "2", "--pool", "python", "--token-file", str(tokens)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    wait_until_ready(url, process, log, timeout=120, what="sandfleet serve to have a warm sandbox")
+    url, process, log = start_local_serve(tmp_path)
     assert runsc_sandboxes() > sandboxes_before
     yield url
-    process.terminate()
-    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells the signal.
-    assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+    stop_local_serve(process, log)
     assert runsc_sandboxes() == sandboxes_before, "serve left gVisor sandboxes behind"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.kube import Kubectl, wait_until
+from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
@@ -35,12 +35,6 @@ def runtime_class(kubectl: Kubectl) -> str:
         }
     )
     return "gvisor"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import pytest
 from sandfleet.core import api
 from sandfleet.core.model import image_key
 from tests.support.kube import Kubectl, wait_until
-from tests.support.servers import wait_until_ready
+from tests.support.servers import free_port, wait_until_ready
 
 REGIONS = ("us-east1", "europe-west4", "asia-southeast1")
 TOKENS = "actor-token actor-0 python,other\nother-token actor-1 other\n"
@@ -111,13 +110,6 @@ def pool(kube: Kubectl) -> Pool:
     kube.apply(pool_manifest("python"))
     kube.apply(pool_manifest("other"))
     return Pool(kube, "python")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -20,8 +20,9 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, LeaseEnded, NoSandboxInTime, Unauthorized
 from sandfleet.core import api
-from tests.integration.gateway.conftest import Gateway, GatewayFactory, Pool, free_port, sandbox_pod
+from tests.integration.gateway.conftest import Gateway, GatewayFactory, Pool, sandbox_pod
 from tests.support.kube import wait_until
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.cluster
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,12 +30,6 @@ class Agent:
 
     def exec(self, **body: object) -> httpx.Response:
         return self.client.post("/v1/exec", json=body)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_agent(tmp_path: Path, *extra: str) -> Agent:
