@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -146,6 +147,14 @@ def wait(condition: Callable[[], bool], timeout: float, what: str, interval: flo
     raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def _agent_key_file(directory: Path) -> Path:
+    """A fleet key for the operator (sandbox agents' tokens derive from it), one per directory."""
+    path = directory / "agent-key"
+    if not path.exists():
+        path.write_text(secrets.token_hex(32) + "\n")
+    return path
+
+
 @dataclass
 class Operator:
     """`sandfleet operator -n <namespace>` as a subprocess."""
@@ -169,6 +178,8 @@ class Operator:
                     str(self.metrics_port),
                     "--leader-lease-seconds",
                     "5",
+                    "--agent-key-file",
+                    str(_agent_key_file(self.log_path.parent)),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from sandfleet.cli import app
@@ -27,13 +29,32 @@ def operator(
     liveness: str | None = typer.Option(
         None, "--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz."
     ),
+    agent_key_file: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--agent-key-file",
+        envvar="SANDFLEET_OPERATOR_AGENT_KEY_FILE",
+        help="The fleet key (hex) each sandbox agent's token derives from; the gateway holds the same.",
+    ),
+    runtime_class: list[str] = typer.Option(  # noqa: B008
+        ["gvisor"],
+        "--runtime-class",
+        envvar="SANDFLEET_OPERATOR_RUNTIME_CLASSES",
+        help="A RuntimeClass pools may name (repeatable); a pool naming another gets no sandboxes.",
+    ),
 ) -> None:
     """Run the operator (kubeconfig or in-cluster config)."""
-    from sandfleet.controller.main import run
+    from sandfleet.controller.main import OperatorConfigError, read_agent_key, run
 
+    try:
+        key = read_agent_key(agent_key_file)
+    except OperatorConfigError as error:
+        typer.echo(f"sandfleet operator: {error}", err=True)
+        raise typer.Exit(2) from None
     run(
         namespaces=namespace,
         metrics_port=metrics_port,
         lease_seconds=leader_lease_seconds,
         liveness_endpoint=liveness,
+        agent_key=key,
+        runtime_classes=[c for value in runtime_class for c in value.split(",") if c],
     )

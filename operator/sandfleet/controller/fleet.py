@@ -29,8 +29,15 @@ from sandfleet.core.planner import (
     WarmGroup,
     plan,
 )
-from sandfleet.core.pods import sandbox_pod
-from sandfleet.core.status import CAPACITY_LIMITED, DEGRADED, conditions, merge_conditions, pool_status
+from sandfleet.core.pods import pool_selector, runtime_class_refusal, sandbox_pod
+from sandfleet.core.status import (
+    CAPACITY_LIMITED,
+    DEGRADED,
+    conditions,
+    merge_conditions,
+    pool_status,
+    refused_conditions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,10 @@ class FleetSettings:
     leader_name: str = "sandfleet-operator"
     lease_seconds: float = 15.0
     max_concurrent_writes: int = 64
+    # The RuntimeClasses a pool may name (the cluster admin's choice): any other gets no Pods.
+    runtime_classes: frozenset[str] = frozenset({api.DEFAULT_RUNTIME_CLASS})
+    # The fleet key every sandbox's agent token derives from (core/agent_tokens.py).
+    agent_key: bytes | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -253,6 +264,10 @@ class Fleet:
     async def reconcile(self, worker: PoolWorker) -> float | None:
         now = time.time()
         spec = worker.spec
+        refusal = runtime_class_refusal(spec.template, self.settings.runtime_classes)
+        if refusal is not None:
+            await self._refuse(worker, refusal, now)
+            return None
         groups = self._groups(worker, now)
         sandboxes = self._observed(worker, now)
         unscheduled: dict[str, int] = {}
@@ -312,7 +327,13 @@ class Fleet:
             image_key=image_key(group.template.image),
         )
         manifest = sandbox_pod(
-            spec, group.template, name=name, region=create.region, zone=create.zone, prewarm=create.prewarm
+            spec,
+            group.template,
+            name=name,
+            region=create.region,
+            zone=create.zone,
+            prewarm=create.prewarm,
+            agent_key=self.settings.agent_key,
         )
         # Counted as starting before the request leaves, so no later pass can create it twice.
         worker.expected_creates[name] = sandbox
@@ -376,6 +397,24 @@ class Fleet:
                 reason = change.reason if change.status == "True" else f"{change.type}Cleared"
                 await self._event(worker, kind, reason, change.message)
         return None
+
+    async def _refuse(self, worker: PoolWorker, reason: str, now: float) -> None:
+        """A pool the operator will not fill: say why in its status and one Event; create nothing."""
+        spec = worker.spec
+        previous = (worker.last_status or worker.body.get("status") or {}).get("conditions") or []
+        merged, transitions = merge_conditions(previous, refused_conditions(spec, reason), now)
+        status = {
+            "observedGeneration": spec.generation,
+            "selector": pool_selector(spec.name),
+            "conditions": merged,
+        }
+        if status == worker.last_status:
+            return
+        await self.kube.patch_pool_status(spec.namespace, spec.name, status)
+        worker.last_status, worker.last_status_at = status, now
+        if any(change.type == DEGRADED and change.status == "True" for change in transitions):
+            log.warning("refusing pool %s: %s", spec.key, reason)
+            await self._event(worker, "Warning", "RuntimeClassNotAllowed", reason)
 
     async def _event(self, worker: PoolWorker, kind: str, reason: str, message: str) -> None:
         meta = worker.body.get("metadata", {})

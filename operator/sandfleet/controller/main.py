@@ -8,6 +8,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import kopf
 from prometheus_client import start_http_server
@@ -15,6 +16,26 @@ from prometheus_client import start_http_server
 from sandfleet.controller import handlers  # noqa: F401  (registers the kopf handlers)
 from sandfleet.controller.fleet import Fleet, FleetSettings
 from sandfleet.controller.kube import Kube, connect
+from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
+
+
+class OperatorConfigError(Exception):
+    """Settings the operator cannot start with; the message says what to set."""
+
+
+def read_agent_key(path: Path | None) -> bytes:
+    """The fleet key from its file: without one, sandboxes' agents would have no token, so refuse."""
+    if path is None:
+        raise OperatorConfigError(
+            "no agent key: pass --agent-key-file (or SANDFLEET_OPERATOR_AGENT_KEY_FILE) naming a file "
+            "with the fleet key the gateway holds too; the chart mounts its Secret there"
+        )
+    try:
+        return parse_fleet_key(path.read_text())
+    except OSError as error:
+        raise OperatorConfigError(f"cannot read the agent key file {path}: {error.strerror}") from None
+    except AgentKeyError as error:
+        raise OperatorConfigError(f"the agent key file {path}: {error}") from None
 
 
 def _leader_namespace(namespaces: Sequence[str]) -> str:
@@ -29,6 +50,9 @@ def run(
     metrics_port: int | None = None,
     lease_seconds: float | None = None,
     liveness_endpoint: str | None = None,
+    *,
+    agent_key: bytes,
+    runtime_classes: Sequence[str] = ("gvisor",),
 ) -> None:
     """Run the operator until SIGINT/SIGTERM; watch `namespaces`, or every namespace when empty."""
     logging.basicConfig(
@@ -45,6 +69,8 @@ def run(
         namespaces=tuple(namespaces),
         leader_namespace=_leader_namespace(namespaces),
         lease_seconds=lease_seconds or float(os.environ.get("SANDFLEET_LEADER_LEASE_SECONDS", "15")),
+        runtime_classes=frozenset(runtime_classes),
+        agent_key=agent_key,
     )
     asyncio.run(_operate(settings, identity, liveness_endpoint))
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, Final
 
 from sandfleet.core import api
+from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token
 from sandfleet.core.model import (
     BROKEN_WAITING_REASONS,
     PREWARM_LABEL,
@@ -22,6 +23,55 @@ from sandfleet.core.resources import Resources
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 STARTUP_PHASES = ("scheduled", "started", "ready", "total")
 
+# The in-sandbox agent runs as uid 0 *inside gVisor* and drops every exec to uid 1000 and the
+# verifier to uid 1001: switching uids needs a root supervisor, so the Pod cannot be runAsNonRoot.
+# gVisor (runtimeClassName, enforced by the operator and an admission policy) is the boundary; these
+# six capabilities are all the agent keeps (all inside the Baseline Pod Security level).
+SANDBOX_CAPABILITIES: Final = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID")
+
+
+def sandbox_security_context() -> dict[str, Any]:
+    """The sandbox container's securityContext (a fresh dict: callers may change their copy)."""
+    return {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": list(SANDBOX_CAPABILITIES)},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        # Task images bake the repository, its packages and caches into the image, and the episode
+        # edits them in place: a read-only root would break every task. The writable layer is
+        # bounded by the ephemeral-storage limit instead.
+        "readOnlyRootFilesystem": False,
+    }
+
+
+# What a sandbox may write to its node's disk (writable layer, logs) unless its template says.
+DEFAULT_EPHEMERAL_STORAGE: Final[Mapping[str, str]] = {"requests": "256Mi", "limits": "2Gi"}
+EPHEMERAL_STORAGE: Final = "ephemeral-storage"
+
+
+def runtime_class_refusal(template: Template, allowed: Collection[str]) -> str | None:
+    """Why a pool's sandboxes may not be created under its runtimeClassName, or None when they may."""
+    if template.runtime_class_name in allowed:
+        return None
+    return (
+        f"runtimeClassName {template.runtime_class_name!r} is not one the cluster admin allows for "
+        f"sandboxes ({', '.join(sorted(allowed)) or 'none'}): set spec.template.runtimeClassName to one "
+        "of them, or ask the admin to add it to the operator's allowed runtime classes"
+    )
+
+
+def _sandbox_resources(template: Template) -> dict[str, dict[str, Any]]:
+    """The template's resources with an ephemeral-storage request and limit filled in where missing."""
+    resources = {k: dict(v) for k, v in template.resources.items()}
+    requests, limits = resources.setdefault("requests", {}), resources.setdefault("limits", {})
+    if EPHEMERAL_STORAGE not in limits:
+        # A request alone becomes the limit too (never a default limit below what was asked for).
+        limits[EPHEMERAL_STORAGE] = requests.get(EPHEMERAL_STORAGE, DEFAULT_EPHEMERAL_STORAGE["limits"])
+        requests.setdefault(EPHEMERAL_STORAGE, DEFAULT_EPHEMERAL_STORAGE["requests"])
+    return resources
+
 
 def pool_selector(pool: str) -> str:
     """The label selector of a pool's sandbox Pods (also the /scale selector)."""
@@ -36,8 +86,12 @@ def sandbox_pod(
     region: str,
     zone: str | None,
     prewarm: bool = False,
+    agent_key: bytes | None = None,
 ) -> dict[str, Any]:
-    """The Pod manifest of one sandbox of `pool` in `region` (and `zone`, when the planner picked one)."""
+    """The Pod manifest of one sandbox of `pool` in `region` (and `zone`, when the planner picked one).
+
+    With `agent_key`, the agent gets its own bearer token (derived from the key and `name`).
+    """
     labels = {
         api.MANAGED_BY_LABEL: api.MANAGED_BY,
         api.POOL_LABEL: pool.name,
@@ -63,10 +117,14 @@ def sandbox_pod(
             "failureThreshold": 3,
         },
     }
-    if template.env:
-        container["env"] = [{"name": k, "value": v} for k, v in template.env]
-    if template.resources:
-        container["resources"] = {k: dict(v) for k, v in template.resources.items()}
+    # A pool's own env never names the agent's token: it would replace the one only the gateway knows.
+    env = [{"name": k, "value": v} for k, v in template.env if k != AGENT_TOKEN_ENV]
+    if agent_key is not None:
+        env.append({"name": AGENT_TOKEN_ENV, "value": agent_token(agent_key, name)})
+    if env:
+        container["env"] = env
+    container["resources"] = _sandbox_resources(template)
+    container["securityContext"] = sandbox_security_context()
     spec: dict[str, Any] = {
         "runtimeClassName": template.runtime_class_name,
         "containers": [container],
@@ -77,6 +135,7 @@ def sandbox_pod(
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 5,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
     if template.tolerations:
         spec["tolerations"] = [dict(t) for t in template.tolerations]

@@ -70,6 +70,15 @@ def conditions(pool: PoolSpec, plan: Plan, now: float) -> list[dict[str, Any]]:
     ]
 
 
+def refused_conditions(pool: PoolSpec, reason: str) -> list[dict[str, Any]]:
+    """The conditions of a pool the operator refuses to fill (e.g. a RuntimeClass not allowed)."""
+    return [
+        {"type": kind, "status": s, "reason": "RuntimeClassNotAllowed", "message": reason}
+        | {"observedGeneration": pool.generation}
+        for kind, s in ((READY, "False"), (DEGRADED, "True"))
+    ]
+
+
 def merge_conditions(
     previous: Sequence[Mapping[str, Any]], current: Sequence[dict[str, Any]], now: float
 ) -> tuple[list[dict[str, Any]], list[Transition]]:

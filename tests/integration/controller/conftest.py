@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.agent_key import OPERATOR_KEY_ENV, fleet_key_file
 from tests.support.kube import Kubectl, wait_until
 from tests.support.servers import free_port
 
@@ -77,7 +78,11 @@ def start_operator(
     def start() -> OperatorProcess:
         port = free_port()
         log_path = tmp_path / f"operator-{len(started)}.log"
-        env = {**os.environ, "KUBECONFIG": str(kubectl.kubeconfig)}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubectl.kubeconfig),
+            OPERATOR_KEY_ENV: str(fleet_key_file(tmp_path)),
+        }
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [

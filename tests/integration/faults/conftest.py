@@ -35,6 +35,7 @@ from tests.integration.faults.kubeapi import KubeApi
 from tests.integration.faults.kubelet import LoopbackKubelet
 from tests.integration.faults.load import Load
 from tests.integration.faults.truth import PodRecorder
+from tests.support.agent_key import fleet_key_file
 from tests.support.invariants import check_history, warm_sandboxes
 from tests.support.kube import Kubectl, wait_until
 from tests.support.servers import wait_until_ready
@@ -293,6 +294,8 @@ class Fleet:
                         str(metrics),
                         "--leader-lease-seconds",
                         "3",
+                        "--agent-key-file",
+                        str(fleet_key_file(self.workdir)),
                     ],
                     self.workdir / f"operator-{index}.log",
                     metrics,
