@@ -13,6 +13,7 @@ from types import FrameType
 from sandfleet_agent import reaper
 from sandfleet_agent.evaluate import default_logs_dir
 from sandfleet_agent.server import AgentConfig, AgentServer
+from sandfleet_agent.users import parse_identity
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -26,6 +27,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--token-file",
         default=os.environ.get("SANDFLEET_AGENT_TOKEN_FILE"),
         help="file holding a bearer token every route except health and ready requires",
+    )
+    parser.add_argument(
+        "--exec-user",
+        default=os.environ.get("SANDFLEET_AGENT_EXEC_USER", "1000:1000" if os.geteuid() == 0 else "none"),
+        help="UID:GID every exec and job runs as (HOME /home/sandbox), or 'none' for the agent's own",
+    )
+    parser.add_argument(
+        "--verifier-user",
+        default=os.environ.get("SANDFLEET_AGENT_VERIFIER_USER", "1001:1001" if os.geteuid() == 0 else "none"),
+        help="UID:GID evaluate runs the tests as (HOME /home/verifier), or 'none' for the agent's own",
     )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser.parse_args(argv)
@@ -45,7 +56,26 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             print(f"sandfleet-agent: cannot read --token-file: {error.strerror}", file=sys.stderr)
             return 2
-    config = AgentConfig(root=root, logs_dir=Path(args.logs_dir), token=token or None, verbose=args.verbose)
+    try:
+        exec_user = parse_identity(args.exec_user, "/home/sandbox")
+        verifier_user = parse_identity(args.verifier_user, "/home/verifier")
+    except ValueError as error:
+        print(f"sandfleet-agent: --exec-user/--verifier-user: {error}", file=sys.stderr)
+        return 2
+    if (exec_user is not None or verifier_user is not None) and os.geteuid() != 0:
+        print("sandfleet-agent: --exec-user/--verifier-user need the agent to run as root", file=sys.stderr)
+        return 2
+    if exec_user is not None and verifier_user is not None and exec_user.uid == verifier_user.uid:
+        print("sandfleet-agent: the verifier must not run as the exec user", file=sys.stderr)
+        return 2
+    config = AgentConfig(
+        root=root,
+        logs_dir=Path(args.logs_dir),
+        token=token or None,
+        verbose=args.verbose,
+        exec_user=exec_user,
+        verifier_user=verifier_user,
+    )
     try:
         server = AgentServer((args.host, args.port), config)
     except OSError as error:

@@ -1,7 +1,8 @@
-"""Evaluate: apply a patch, run the task's tests, and turn the outcome into a reward and per-test results.
+"""Evaluate: apply a patch, run the tests as the verifier, and turn the outcome into a reward and results.
 
 The Harbor convention is honoured: when no command is given, `tests/test.sh` runs, and a reward it
-writes to `<logs>/verifier/reward.txt` (or `reward.json`) wins over the exit code.
+writes to `<logs>/verifier/reward.txt` (or `reward.json`) wins over the exit code. Per-test results
+come only from the JUnit XML report the verifier writes into that directory, never from output.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import contextlib
 import json
 import math
 import os
-import re
+import shutil
+import stat
 import subprocess
 import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
@@ -29,47 +32,66 @@ from sandfleet_agent.process import (
     tracked_popen,
     wait_and_forget,
 )
+from sandfleet_agent.users import Identity, end_all_processes_of
 
 HARBOR_TEST_SCRIPT = "tests/test.sh"
 PATCH_TIMEOUT_S = 60.0
 OUTPUT_TAIL_BYTES = 64 << 10
 DEFAULT_EVALUATE_TIMEOUT_S = 1800.0
+DEFAULT_JUNIT_NAME = "junit.xml"
+MAX_REWARD_BYTES = 64 << 10
+MAX_JUNIT_BYTES = 64 << 20
+_NOT_REGULAR = b"\x00"
 
-# pytest -rA summary lines ("PASSED tests/x.py::test_a") and verbose lines ("tests/x.py::test_a PASSED").
-_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)", re.MULTILINE)
-_VERBOSE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
-_OUTCOMES = {
-    "PASSED": "passed",
-    "XPASS": "passed",
-    "XFAIL": "skipped",
-    "FAILED": "failed",
-    "ERROR": "error",
-    "SKIPPED": "skipped",
-}
+
+@dataclass(frozen=True)
+class Verification:
+    """Where the verifier reports, and the users the episode's code and the verifier run as."""
+
+    logs_dir: Path
+    exec_user: Identity | None = None
+    verifier_user: Identity | None = None
+
+    @property
+    def verifier_dir(self) -> Path:
+        """<logs>/verifier: the verifier writes its reward and JUnit report here, nobody else can."""
+        return self.logs_dir / "verifier"
 
 
 def evaluate(
-    body: Mapping[str, object], workspace: Workspace, base_env: Mapping[str, str], logs_dir: Path
+    body: Mapping[str, object], workspace: Workspace, base_env: Mapping[str, str], verification: Verification
 ) -> dict[str, object]:
-    """Apply the patch (if any), run the tests, and report reward, per-test results and timings."""
+    """Apply the patch (if any), run the tests as the verifier, and report reward, tests and timings.
+
+    Before the verifier starts every process of the sandbox user is ended, so nothing the episode
+    left running can touch the verifier's directory while it runs; after it, every process of the
+    verifier is ended, so nothing rewrites its results before they are read.
+    """
     started = time.monotonic()
     patch = optional_str(body, "patch")
-    junit = optional_str(body, "junit_xml")
-    spec = _test_spec(body, workspace, base_env)
+    junit_name = _junit_name(optional_str(body, "junit_xml"))
+    verifier = verification.verifier_dir
+    spec = _test_spec(body, workspace, base_env, verification, verifier / junit_name)
     patch_report: dict[str, object] = {"applied": False}
     if patch:
-        patch_report = apply_patch(patch, spec.cwd, base_env)
+        patch_report = apply_patch(patch, spec.cwd, base_env, verification.exec_user)
     patch_done = time.monotonic()
 
-    verifier = logs_dir / "verifier"
-    _prepare_verifier_dir(verifier)
-    env = dict(spec.env)
-    env.setdefault("SANDFLEET_VERIFIER_DIR", str(verifier))
-    result = run(_with_env(spec, env))
+    _end_processes(verification.exec_user)
+    _end_processes(verification.verifier_user)
+    _prepare_verifier_dir(verification)
+    result = run(spec)
+    _end_processes(verification.verifier_user)
     tests_done = time.monotonic()
 
     reward, source, reward_error = read_reward(verifier, result.exit_code)
-    tests = _test_results(workspace, junit, bytes(result.stdout))
+    report_path = verifier / junit_name
+    tests_error = None
+    try:
+        tests = parse_junit(report_path)
+    except AgentError as error:
+        # The verifier ran the episode's code, which may have spoiled the report: no counts, no 5xx.
+        tests, tests_error = [], error.message
     counts = {outcome: 0 for outcome in ("passed", "failed", "error", "skipped")}
     for test in tests:
         counts[str(test["outcome"])] += 1
@@ -78,6 +100,7 @@ def evaluate(
         "reward_source": source,
         "patch": patch_report,
         "tests": tests,
+        "tests_report": str(report_path) if _is_regular_file(report_path) else None,
         "counts": counts,
         "exec": {
             **result.summary(),
@@ -93,10 +116,44 @@ def evaluate(
     }
     if reward_error is not None:
         report["reward_error"] = reward_error
+    if tests_error is not None:
+        report["tests_error"] = tests_error
     return report
 
 
-def _test_spec(body: Mapping[str, object], workspace: Workspace, base_env: Mapping[str, str]) -> ExecSpec:
+def _junit_name(raw: str | None) -> str:
+    """The report's file name; it is only ever read from the verifier directory."""
+    if raw is None or raw == "":
+        return DEFAULT_JUNIT_NAME
+    name = os.path.basename(raw)
+    if not name or name in {".", ".."} or "\x00" in name:
+        raise bad_request(
+            f"'junit_xml' must name a file (like {DEFAULT_JUNIT_NAME!r}) the verifier writes "
+            "into its directory ($SANDFLEET_VERIFIER_DIR)",
+            code="bad_junit",
+        )
+    return name
+
+
+def _end_processes(user: Identity | None) -> None:
+    if user is None:
+        return
+    survivors = end_all_processes_of(user)
+    if survivors:
+        raise AgentError(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            "processes_survive",
+            f"{len(survivors)} processes of uid {user.uid} survived SIGKILL; release this sandbox",
+        )
+
+
+def _test_spec(
+    body: Mapping[str, object],
+    workspace: Workspace,
+    base_env: Mapping[str, str],
+    verification: Verification,
+    junit: Path,
+) -> ExecSpec:
     request = dict(body)
     request.pop("patch", None)
     request.pop("junit_xml", None)
@@ -108,10 +165,20 @@ def _test_spec(body: Mapping[str, object], workspace: Workspace, base_env: Mappi
                 "no_test_command",
             )
         request["argv"] = ["bash", HARBOR_TEST_SCRIPT]
-    return parse_exec_spec(request, workspace, base_env, default_timeout_s=DEFAULT_EVALUATE_TIMEOUT_S)
-
-
-def _with_env(spec: ExecSpec, env: dict[str, str]) -> ExecSpec:
+    spec = parse_exec_spec(
+        request,
+        workspace,
+        base_env,
+        default_timeout_s=DEFAULT_EVALUATE_TIMEOUT_S,
+        user=verification.verifier_user,
+    )
+    env = dict(spec.env)
+    if verification.verifier_user is not None:
+        env["HOME"] = verification.verifier_user.home
+    env["SANDFLEET_VERIFIER_DIR"] = str(verification.verifier_dir)
+    # pytest writes the machine-readable report the counts come from, and no cache into the tree.
+    addopts = f"--junitxml={junit} -p no:cacheprovider"
+    env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} {addopts}".strip()
     return ExecSpec(
         argv=spec.argv,
         cwd=spec.cwd,
@@ -120,24 +187,27 @@ def _with_env(spec: ExecSpec, env: dict[str, str]) -> ExecSpec:
         timeout_s=spec.timeout_s,
         max_output_bytes=spec.max_output_bytes,
         encoding=spec.encoding,
+        user=spec.user,
     )
 
 
-def apply_patch(patch: str, cwd: Path, base_env: Mapping[str, str]) -> dict[str, object]:
-    """Apply a unified diff with `git apply` (which also works outside a git repository).
+def apply_patch(
+    patch: str, cwd: Path, base_env: Mapping[str, str], user: Identity | None = None
+) -> dict[str, object]:
+    """Apply a unified diff with `git apply` (which also works outside a git repository), as `user`.
 
     The patch is checked first so a bad one leaves the tree untouched and is reported with git's
     own explanation.
     """
     if not patch.endswith("\n"):
         patch += "\n"
-    check = _git_apply(["--check", "--numstat"], patch, cwd, base_env)
+    check = _git_apply(["--check", "--numstat"], patch, cwd, base_env, user)
     if check.returncode != 0:
         raise unprocessable(
             f"the patch does not apply: {check.stderr.decode(errors='replace').strip()}", "bad_patch"
         )
     files = [line.split("\t", 2)[2] for line in check.stdout.decode().splitlines() if line.count("\t") >= 2]
-    applied = _git_apply([], patch, cwd, base_env)
+    applied = _git_apply([], patch, cwd, base_env, user)
     if applied.returncode != 0:
         raise unprocessable(
             f"the patch failed to apply: {applied.stderr.decode(errors='replace').strip()}", "bad_patch"
@@ -146,18 +216,32 @@ def apply_patch(patch: str, cwd: Path, base_env: Mapping[str, str]) -> dict[str,
 
 
 def _git_apply(
-    flags: list[str], patch: str, cwd: Path, base_env: Mapping[str, str]
+    flags: list[str], patch: str, cwd: Path, base_env: Mapping[str, str], user: Identity | None
 ) -> subprocess.CompletedProcess[bytes]:
     argv = ["git", "apply", "--whitespace=nowarn", *flags, "-"]
     try:
-        proc = tracked_popen(
-            argv,
-            cwd=cwd,
-            env=dict(base_env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        # Root never runs git in a tree the episode controls: its config can name programs to run.
+        if user is None:
+            proc = tracked_popen(
+                argv,
+                cwd=cwd,
+                env=dict(base_env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        else:
+            proc = tracked_popen(
+                argv,
+                cwd=cwd,
+                env=dict(base_env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                user=user.uid,
+                group=user.gid,
+                extra_groups=[],
+            )
     except FileNotFoundError:
         raise unprocessable("git is not installed in this sandbox", "command_not_found") from None
     try:
@@ -169,12 +253,27 @@ def _git_apply(
     return subprocess.CompletedProcess(argv, wait_and_forget(proc), stdout, stderr)
 
 
-def _prepare_verifier_dir(verifier: Path) -> None:
-    """Create the verifier directory and clear a stale reward so an old one is never read."""
+def _prepare_verifier_dir(verification: Verification) -> None:
+    """Empty the verifier directory and give it to the verifier: the sandbox user cannot write there.
+
+    With users split, <logs> is made the agent's and not writable by others, so the directory
+    cannot be swapped for a link either.
+    """
+    logs, verifier, owner = verification.logs_dir, verification.verifier_dir, verification.verifier_user
     try:
-        verifier.mkdir(parents=True, exist_ok=True)
-        for name in ("reward.txt", "reward.json"):
-            (verifier / name).unlink(missing_ok=True)
+        if owner is not None and logs.is_symlink():
+            logs.unlink()
+        logs.mkdir(parents=True, exist_ok=True)
+        if owner is not None:
+            os.lchown(logs, os.geteuid(), os.getegid())
+            os.chmod(logs, 0o755)
+        if verifier.is_symlink() or (verifier.exists() and not verifier.is_dir()):
+            verifier.unlink()
+        elif verifier.exists():
+            shutil.rmtree(verifier)
+        verifier.mkdir(mode=0o755)
+        if owner is not None:
+            os.chown(verifier, owner.uid, owner.gid)
     except OSError as error:
         raise AgentError(
             HTTPStatus.UNPROCESSABLE_ENTITY,
@@ -183,29 +282,52 @@ def _prepare_verifier_dir(verifier: Path) -> None:
         ) from None
 
 
+def _is_regular_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_report_file(path: Path, limit: int) -> bytes | None:
+    """A regular file's first `limit`+1 bytes, None if absent; never through a link the verifier planted."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _NOT_REGULAR
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return _NOT_REGULAR
+        return handle.read(limit + 1)
+
+
 def read_reward(verifier: Path, exit_code: int | None) -> tuple[float, str, str | None]:
     """Return (reward, where it came from, a problem with the reward file if any).
 
     A reward file wins; without one, the exit code decides: 0 is 1.0, anything else 0.0.
     """
     fallback = 1.0 if exit_code == 0 else 0.0
-    text_file = verifier / "reward.txt"
-    json_file = verifier / "reward.json"
-    if text_file.exists():
-        raw = text_file.read_text(errors="replace").strip()
+    text = _read_report_file(verifier / "reward.txt", MAX_REWARD_BYTES)
+    if text is not None:
+        if text == _NOT_REGULAR:
+            return 0.0, "reward_file", "reward.txt is not a regular file"
+        raw = text.decode(errors="replace").strip()
         try:
             value = float(raw)
         except ValueError:
             return 0.0, "reward_file", f"reward.txt does not hold a number: {raw[:80]!r}"
         if not math.isfinite(value):
-            return 0.0, "reward_file", f"reward.txt holds {raw!r}"
+            return 0.0, "reward_file", f"reward.txt holds {raw[:80]!r}"
         return value, "reward_file", None
-    if json_file.exists():
+    data = _read_report_file(verifier / "reward.json", MAX_REWARD_BYTES)
+    if data is not None:
         try:
-            data = json.loads(json_file.read_text())
+            parsed = json.loads(data)
         except ValueError:
             return 0.0, "reward_file", "reward.json is not valid JSON"
-        value_or_none = _reward_from_json(data)
+        value_or_none = _reward_from_json(parsed)
         if value_or_none is None:
             return 0.0, "reward_file", "reward.json has no numeric 'reward'"
         return value_or_none, "reward_file", None
@@ -224,22 +346,21 @@ def _reward_from_json(data: object) -> float | None:
     return None
 
 
-def _test_results(workspace: Workspace, junit: str | None, stdout: bytes) -> list[dict[str, object]]:
-    if junit is not None:
-        path = workspace.resolve(junit)
-        if path.is_file():
-            return parse_junit(path)
-    return parse_pytest_output(stdout.decode(errors="replace"))
-
-
 def parse_junit(path: Path) -> list[dict[str, object]]:
-    """Per-test outcomes from a JUnit XML report (pytest --junitxml, most other runners)."""
+    """Per-test outcomes from a JUnit XML report (pytest --junitxml, most other runners); [] if none."""
+    raw = _read_report_file(path, MAX_JUNIT_BYTES)
+    if raw is None:
+        return []
+    if raw == _NOT_REGULAR or len(raw) > MAX_JUNIT_BYTES:
+        raise unprocessable(
+            f"the JUnit report {str(path)!r} is not a regular file under {MAX_JUNIT_BYTES} bytes", "bad_junit"
+        )
     try:
-        tree = ElementTree.parse(path)
+        root = ElementTree.fromstring(raw)
     except ElementTree.ParseError as error:
-        raise bad_request(f"the JUnit report is not valid XML: {error}", code="bad_junit") from None
+        raise unprocessable(f"the JUnit report is not valid XML: {error}", "bad_junit") from None
     results: list[dict[str, object]] = []
-    for case in tree.iter("testcase"):
+    for case in root.iter("testcase"):
         name = case.get("name", "")
         classname = case.get("classname")
         outcome = "passed"
@@ -257,16 +378,6 @@ def parse_junit(path: Path) -> list[dict[str, object]]:
                 entry["duration_s"] = float(duration)
         results.append(entry)
     return results
-
-
-def parse_pytest_output(text: str) -> list[dict[str, object]]:
-    """Per-test outcomes from pytest's verbose or `-rA` summary lines; later lines win."""
-    outcomes: dict[str, str] = {}
-    for match in _VERBOSE_LINE.finditer(text):
-        outcomes[match.group(1)] = _OUTCOMES[match.group(2)]
-    for match in _SUMMARY_LINE.finditer(text):
-        outcomes[match.group(2)] = _OUTCOMES[match.group(1)]
-    return [{"name": name, "outcome": outcome} for name, outcome in outcomes.items()]
 
 
 def default_logs_dir() -> Path:

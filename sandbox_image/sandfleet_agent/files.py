@@ -84,7 +84,10 @@ def write_file(
     try:
         with os.fdopen(descriptor, "wb") as out:
             written = copy_stream(source, out, length)
-        os.chmod(temp_name, mode if mode is not None else 0o644)
+            # Owner before mode: a set-id bit is the commands' user's, never the agent's.
+            if workspace.owner is not None:
+                os.fchown(out.fileno(), *workspace.owner)
+            os.fchmod(out.fileno(), mode if mode is not None else 0o644)
         os.replace(temp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -192,41 +195,69 @@ def extract_archive(workspace: Workspace, raw: str, source: StreamFile) -> dict[
     """Unpack a tar stream (plain, gzip, bzip2 or xz) into a directory, refusing unsafe members.
 
     Refused: absolute names, `..`, anything resolving outside the working area (including through
-    symlinks already there or in the archive), hard links, and device or fifo nodes.
+    symlinks already there or in the archive), hard links, and device or fifo nodes. A link may
+    start resolving outside only once a later member changes a path it goes through
+    (`esc -> a/../..`, then `a -> .`), so every link this archive made is checked again after each
+    new one; on refusal the links that escape are removed, and nothing was written through them.
     """
     dest = workspace.resolve(raw)
     _make_parents(workspace, dest / "x", raw)
-    dest.mkdir(exist_ok=True)
+    _make_dirs(workspace, dest)
     files = 0
     total = 0
+    links: list[tuple[Path, str]] = []
     try:
         with tarfile.open(fileobj=source, mode="r|*") as tar:
             for member in tar:
                 target = _member_target(workspace, dest, member)
                 if member.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    os.chmod(target, (member.mode & 0o7777) | 0o700)
+                    _make_dirs(workspace, target)
+                    os.chmod(workspace.resolve(str(target)), (member.mode & 0o777) | 0o700)
                 elif member.issym():
-                    _check_link(workspace, target, member)
-                    target.parent.mkdir(parents=True, exist_ok=True)
+                    _check_link(workspace, target, member.linkname, member.name)
+                    _make_dirs(workspace, target.parent)
                     if os.path.lexists(target):
                         target.unlink()
                     os.symlink(member.linkname, target)
+                    workspace.own(target)
+                    links.append((target, member.name))
+                    for link, name in links:
+                        _check_link(workspace, link, os.readlink(link), name)
                 elif member.isreg():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if target.is_symlink():
-                        target.unlink()
+                    _make_dirs(workspace, target.parent)
                     content = tar.extractfile(member)
                     assert content is not None
-                    with open(target, "wb") as out:
-                        total += copy_stream(content, out, member.size)
-                    os.chmod(target, member.mode & 0o7777)
+                    total += _write_member(workspace, target, content, member)
                     files += 1
                 else:
                     raise unsafe_archive(f"member {member.name!r} is not a file, directory or symlink")
     except tarfile.TarError as error:
         raise unprocessable(f"not a readable tar archive: {error}", "bad_archive") from None
+    except AgentError:
+        _remove_escaping(workspace, links)
+        raise
     return {"path": workspace.relative(dest), "files": files, "bytes": total}
+
+
+def _write_member(workspace: Workspace, target: Path, content: ByteSource, member: tarfile.TarInfo) -> int:
+    """Write one regular member; an existing link at its name is replaced, never followed."""
+    workspace.resolve(str(target.parent))
+    if target.is_symlink():
+        target.unlink()
+    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        written = copy_stream(content, out, member.size)
+        if workspace.owner is not None:
+            os.fchown(out.fileno(), *workspace.owner)
+        os.fchmod(out.fileno(), member.mode & 0o777)
+    return written
+
+
+def _remove_escaping(workspace: Workspace, links: list[tuple[Path, str]]) -> None:
+    for link, _ in links:
+        with contextlib.suppress(OSError):
+            if os.path.islink(link) and not _inside(workspace, Path(os.path.realpath(link))):
+                os.unlink(link)
 
 
 def unsafe_archive(message: str) -> AgentError:
@@ -249,20 +280,35 @@ def _member_target(workspace: Workspace, dest: Path, member: tarfile.TarInfo) ->
     return target
 
 
-def _check_link(workspace: Workspace, target: Path, member: tarfile.TarInfo) -> None:
-    pointed = os.path.join(target.parent, member.linkname)
-    real = Path(os.path.realpath(pointed))
-    if real != workspace.root and not real.is_relative_to(workspace.root):
-        raise unsafe_archive(f"symlink {member.name!r} points outside the working area")
+def _inside(workspace: Workspace, real: Path) -> bool:
+    return real == workspace.root or real.is_relative_to(workspace.root)
+
+
+def _check_link(workspace: Workspace, target: Path, linkname: str, name: str) -> None:
+    pointed = os.path.join(target.parent, linkname)
+    if not _inside(workspace, Path(os.path.realpath(pointed))):
+        raise unsafe_archive(f"symlink {name!r} -> {linkname!r} resolves outside the working area")
+
+
+def _make_dirs(workspace: Workspace, directory: Path) -> None:
+    """Create a directory and missing parents, giving each one it creates to the commands' user."""
+    missing: list[Path] = []
+    current = directory
+    while not os.path.lexists(current):
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        os.mkdir(path)
+        workspace.own(path)
 
 
 def _make_parents(workspace: Workspace, path: Path, raw: str) -> None:
     parent = path.parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
+        _make_dirs(workspace, parent)
+    except (FileExistsError, NotADirectoryError):
         raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory") from None
-    except NotADirectoryError:
-        raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory") from None
+    if not parent.is_dir():
+        raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory")
     # mkdir follows symlinks in the parents it did not create; re-check where it ended up.
     workspace.resolve(str(parent))

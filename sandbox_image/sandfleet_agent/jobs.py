@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from sandfleet_agent.errors import AgentError, not_found
-from sandfleet_agent.process import ExecResult, ExecSpec, kill_group, run
+from sandfleet_agent.process import ExecResult, ExecSpec, run
+from sandfleet_agent.supervisor import Supervised
 
 DEFAULT_JOB_OUTPUT_BYTES = 16 << 20
 MAX_JOBS_KEPT = 256
@@ -24,7 +24,7 @@ class Job:
     spec: ExecSpec
     created_at: float
     result: ExecResult = field(default_factory=ExecResult)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Supervised | None = None
     error: AgentError | None = None
     finished: threading.Event = field(default_factory=threading.Event)
     stop_requested: bool = False
@@ -86,7 +86,7 @@ class JobTable:
         )
         started = threading.Event()
 
-        def on_start(proc: subprocess.Popen[bytes]) -> None:
+        def on_start(proc: Supervised) -> None:
             job.proc = proc
             job.result.pid = proc.pid
             started.set()
@@ -130,14 +130,14 @@ class JobTable:
             return sorted(self._jobs.values(), key=lambda job: job.created_at)
 
     def kill(self, job_id: str, wait_s: float = 5.0) -> Job:
-        """Kill a job's whole process group and wait (briefly) for it to be reaped."""
+        """Kill every process a job started and wait (briefly) for it to be reaped."""
         job = self.get(job_id)
         if not job.finished.is_set():
             job.stop_requested = True
             if job.proc is not None:
                 with job.lock:
                     job.result.killed = True
-                kill_group(job.proc.pid)
+                job.proc.kill()
             job.finished.wait(wait_s)
         return job
 

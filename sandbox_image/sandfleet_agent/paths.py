@@ -12,8 +12,15 @@ from sandfleet_agent.errors import AgentError, bad_request
 class Workspace:
     """The directory tree a client may touch; paths resolve relative to it and may not leave it."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], owner: tuple[int, int] | None = None) -> None:
         self.root = Path(os.path.realpath(root))
+        # (uid, gid) that files the agent creates for clients get, so the commands can edit them.
+        self.owner = owner
+
+    def own(self, path: Path) -> None:
+        """Give a path the agent just created to the commands' user (the link itself, for a symlink)."""
+        if self.owner is not None:
+            os.lchown(path, *self.owner)
 
     def resolve(self, path: str | None) -> Path:
         """Map a client path (relative to the root, or absolute inside it) to a real path inside it.

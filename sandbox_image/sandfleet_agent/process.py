@@ -1,4 +1,4 @@
-"""Runs one command in its own process group: stdin, capped output, a deadline that kills the group."""
+"""Runs one command as its user under a supervisor: stdin, capped output, a deadline ending all it started."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import codecs
 import errno
 import os
 import selectors
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandfleet_agent import reaper
-from sandfleet_agent.errors import bad_request, unprocessable
+from sandfleet_agent import reaper, supervisor
+from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.params import (
     optional_float,
     optional_int,
@@ -26,6 +25,8 @@ from sandfleet_agent.params import (
     optional_str_map,
 )
 from sandfleet_agent.paths import Workspace
+from sandfleet_agent.supervisor import Supervised
+from sandfleet_agent.users import Identity
 
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -37,8 +38,6 @@ ORPHAN_OUTPUT_GRACE_S = 0.25
 # Once the group is killed, give the pipes this long to drain before abandoning them.
 KILLED_DRAIN_S = 1.0
 READ_CHUNK = 64 << 10
-# Rounds of find-and-kill for a group whose members keep forking while they are killed.
-KILL_SWEEPS = 5
 
 OutputSink = Callable[[str, bytes], None]
 
@@ -54,6 +53,8 @@ class ExecSpec:
     timeout_s: float | None
     max_output_bytes: int
     encoding: str
+    # Who runs it; None runs it as the agent itself (an agent that is not root cannot switch).
+    user: Identity | None = None
 
 
 @dataclass
@@ -104,6 +105,7 @@ def parse_exec_spec(
     *,
     default_timeout_s: float | None = DEFAULT_TIMEOUT_S,
     default_max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    user: Identity | None = None,
 ) -> ExecSpec:
     """Validate an exec request body: exactly one of `argv` or `shell`, plus optional settings."""
     argv = optional_str_list(body, "argv")
@@ -138,6 +140,7 @@ def parse_exec_spec(
         timeout_s=timeout_s if timeout_s is not None else default_timeout_s,
         max_output_bytes=max_output if max_output is not None else default_max_output_bytes,
         encoding=encoding,
+        user=user,
     )
 
 
@@ -163,37 +166,36 @@ def wait_and_forget(proc: subprocess.Popen[bytes], timeout: float | None = None)
     return code
 
 
-def spawn(spec: ExecSpec) -> subprocess.Popen[bytes]:
-    """Start the command as the leader of a new session, so the whole group can be killed."""
+def spawn(spec: ExecSpec) -> Supervised:
+    """Start the command as its user, under a supervisor that every process it starts stays below."""
     try:
-        return tracked_popen(
-            spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=subprocess.PIPE if spec.stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        return supervisor.spawn(
+            spec.argv, cwd=spec.cwd, env=spec.env, with_stdin=bool(spec.stdin), user=spec.user
         )
-    except FileNotFoundError:
-        raise unprocessable(f"command not found: {spec.argv[0]!r}", "command_not_found") from None
-    except PermissionError:
-        raise unprocessable(
-            f"command is not executable: {spec.argv[0]!r}", "command_not_executable"
-        ) from None
-    except OSError as error:
-        if error.errno == errno.ENOEXEC:
-            raise unprocessable(
-                f"not an executable format: {spec.argv[0]!r}", "command_not_executable"
-            ) from None
-        raise unprocessable(f"cannot start {spec.argv[0]!r}: {error.strerror}", "spawn_failed") from None
+    except supervisor.SpawnError as error:
+        raise _spawn_error(spec, error) from None
+
+
+def _spawn_error(spec: ExecSpec, error: supervisor.SpawnError) -> AgentError:
+    if error.in_cwd:
+        return unprocessable(
+            f"cannot enter cwd {str(spec.cwd)!r} as the command's user: {os.strerror(error.errno)}",
+            "bad_cwd",
+        )
+    if error.errno == errno.ENOENT:
+        return unprocessable(f"command not found: {spec.argv[0]!r}", "command_not_found")
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return unprocessable(f"command is not executable: {spec.argv[0]!r}", "command_not_executable")
+    if error.errno == errno.ENOEXEC:
+        return unprocessable(f"not an executable format: {spec.argv[0]!r}", "command_not_executable")
+    return unprocessable(f"cannot start {spec.argv[0]!r}: {os.strerror(error.errno)}", "spawn_failed")
 
 
 def run(
     spec: ExecSpec,
     sink: OutputSink | None = None,
     *,
-    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    on_start: Callable[[Supervised], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     into: ExecResult | None = None,
     lock: AbstractContextManager[object] | None = None,
@@ -213,14 +215,14 @@ def run(
     try:
         _pump(proc, spec, result, sink, should_stop, lock or nullcontext())
     except BaseException:
-        kill_group(proc.pid)
-        wait_and_forget(proc)
+        proc.kill()
+        proc.wait()
         raise
     finally:
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
-    returncode = wait_and_forget(proc)
+    returncode = proc.wait()
     with lock or nullcontext():
         result.duration_s = time.monotonic() - result.start_monotonic
         if returncode < 0:
@@ -232,7 +234,7 @@ def run(
 
 
 def _pump(
-    proc: subprocess.Popen[bytes],
+    proc: Supervised,
     spec: ExecSpec,
     result: ExecResult,
     sink: OutputSink | None,
@@ -305,53 +307,9 @@ def _keep(result: ExecResult, stream: str, chunk: bytes, cap: int) -> bytes:
     return kept
 
 
-def _kill(proc: subprocess.Popen[bytes], result: ExecResult) -> None:
+def _kill(proc: Supervised, result: ExecResult) -> None:
     result.killed = True
-    kill_group(proc.pid)
-
-
-def kill_group(leader: int) -> None:
-    """Kill a command's whole process group, and descendants that escaped it with setsid.
-
-    Members are found before anything is killed (once the leader dies its children are
-    reparented and the tree can no longer be walked), and the sweep repeats while processes
-    forked mid-kill (a fork bomb) still show up.
-    """
-    for _ in range(KILL_SWEEPS):
-        doomed = _members(leader)
-        if not doomed:
-            return
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(leader, signal.SIGKILL)
-        for pid in doomed:
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _members(leader: int) -> list[int]:
-    """Live processes descending from, or in the group or session of, `leader`."""
-    children: dict[int, list[int]] = {}
-    grouped: list[int] = []
-    for pid, ppid, group, session in _process_table():
-        children.setdefault(ppid, []).append(pid)
-        if leader in (group, session):
-            grouped.append(pid)
-    found: list[int] = []
-    frontier = [leader]
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            found.append(child)
-            frontier.append(child)
-    return sorted(set(found) | set(grouped))
-
-
-def _process_table() -> list[tuple[int, int, int, int]]:
-    """Return (pid, ppid, process group, session) for every live (non-zombie) process."""
-    return [
-        (pid, int(fields[1]), int(fields[2]), int(fields[3]))
-        for pid, fields in reaper.proc_stats()
-        if len(fields) > 3 and fields[0] != b"Z"
-    ]
+    proc.kill()
 
 
 class TextDecoder:

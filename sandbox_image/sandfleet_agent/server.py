@@ -20,10 +20,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 from sandfleet_agent import files, jobs, process
 from sandfleet_agent.errors import AgentError, bad_request, not_found
-from sandfleet_agent.evaluate import evaluate
+from sandfleet_agent.evaluate import Verification, evaluate
 from sandfleet_agent.params import JsonObject, query_flag, query_int, required_query
 from sandfleet_agent.paths import Workspace
 from sandfleet_agent.streams import ChunkedReader, ChunkedWriter, LimitedReader
+from sandfleet_agent.users import Identity
 
 AGENT_VERSION = "0.1.0"
 MAX_JSON_BODY = 64 << 20
@@ -42,6 +43,9 @@ class AgentConfig:
     logs_dir: Path
     token: str | None = None
     verbose: bool = False
+    # Who commands and the verifier run as; None runs them as the agent itself (tests on a host).
+    exec_user: Identity | None = None
+    verifier_user: Identity | None = None
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -54,21 +58,26 @@ class AgentServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], config: AgentConfig) -> None:
         super().__init__(address, AgentHandler)
         self.config = config
-        self.workspace = Workspace(config.root)
+        owner = None if config.exec_user is None else (config.exec_user.uid, config.exec_user.gid)
+        self.workspace = Workspace(config.root, owner=owner)
         self.jobs = jobs.JobTable()
         self.started_at = time.monotonic()
-        self.base_env = base_environment(config.root)
+        self.base_env = base_environment(config.root, config.exec_user)
 
 
-def base_environment(root: Path) -> dict[str, str]:
-    """The environment every command starts from; a request's `env` is laid over it."""
+def base_environment(root: Path, user: Identity | None = None) -> dict[str, str]:
+    """The environment every command starts from; a request's `env` is laid over it.
+
+    Built from a short allow-list, never copied whole: the agent's own environment holds its
+    bearer token, which the code it runs must not see.
+    """
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
-        "HOME": os.environ.get("HOME", str(root)),
+        "HOME": user.home if user is not None else os.environ.get("HOME", str(root)),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    for name in ("USER", "TERM", "TMPDIR"):
+    for name in ("TERM", "TMPDIR") if user is not None else ("USER", "TERM", "TMPDIR"):
         if name in os.environ:
             env[name] = os.environ[name]
     return env
@@ -226,18 +235,8 @@ class AgentHandler(BaseHTTPRequestHandler):
     # --- routes -------------------------------------------------------------------------------
 
     def health(self, _: re.Match[str]) -> None:
-        """Liveness: the process serves HTTP."""
-        self._send_json(
-            HTTPStatus.OK,
-            {
-                "status": "ok",
-                "version": AGENT_VERSION,
-                "uptime_s": round(time.monotonic() - self.server.started_at, 3),
-                "root": str(self.server.workspace.root),
-                "uid": os.getuid(),
-                "pid": os.getpid(),
-            },
-        )
+        """Liveness: the process serves HTTP (unauthenticated, so it says nothing about the sandbox)."""
+        self._send_json(HTTPStatus.OK, {"status": "ok", "version": AGENT_VERSION})
 
     def ready(self, _: re.Match[str]) -> None:
         """Readiness: a real command went through the exec path and exited 0."""
@@ -249,6 +248,7 @@ class AgentHandler(BaseHTTPRequestHandler):
             timeout_s=DEFAULT_READY_TIMEOUT_S,
             max_output_bytes=4096,
             encoding="utf-8",
+            user=self.server.config.exec_user,
         )
         result = process.run(spec)
         ok = result.exit_code == 0
@@ -439,7 +439,16 @@ class AgentHandler(BaseHTTPRequestHandler):
     def evaluate(self, _: re.Match[str]) -> None:
         """Apply a patch, run the tests, and return a reward."""
         server = self.server
-        report = evaluate(self._json_body(), server.workspace, server.base_env, server.config.logs_dir)
+        report = evaluate(
+            self._json_body(),
+            server.workspace,
+            server.base_env,
+            Verification(
+                logs_dir=server.config.logs_dir,
+                exec_user=server.config.exec_user,
+                verifier_user=server.config.verifier_user,
+            ),
+        )
         self._send_json(HTTPStatus.OK, report)
 
     def _exec_spec(
@@ -455,6 +464,7 @@ class AgentHandler(BaseHTTPRequestHandler):
             self.server.base_env,
             default_timeout_s=default_timeout_s,
             default_max_output_bytes=default_output,
+            user=self.server.config.exec_user,
         )
 
 

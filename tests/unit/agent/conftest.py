@@ -41,7 +41,10 @@ def start_agent(tmp_path: Path, *extra: str) -> Agent:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "sandfleet_agent", "--host", "127.0.0.1", "--port", str(port)),
-            *("--root", str(root), "--logs-dir", str(logs), *extra),
+            *("--root", str(root), "--logs-dir", str(logs)),
+            # On the host the agent must not switch users (or sweep a uid's processes): the gVisor
+            # suites in tests/security prove the split.
+            *("--exec-user", "none", "--verifier-user", "none", *extra),
         ],
         env=env,
         stderr=subprocess.PIPE,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandfleet_agent.evaluate import parse_junit, parse_pytest_output, read_reward
+from sandfleet_agent.evaluate import parse_junit, read_reward
 from tests.unit.agent.conftest import Agent
 
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -85,35 +85,50 @@ def test_no_test_command_is_a_clear_error(agent: Agent) -> None:
     assert response.json()["error"]["code"] == "no_test_command"
 
 
-def test_per_test_results_from_pytest_output_and_junit(agent: Agent) -> None:
-    output = "tests/t.py::test_a PASSED\\ntests/t.py::test_b FAILED\\n"
-    result = agent.client.post("/v1/evaluate", json={"shell": f"printf '{output}'; exit 1"}).json()
-    assert result["tests"] == [
-        {"name": "tests/t.py::test_a", "outcome": "passed"},
-        {"name": "tests/t.py::test_b", "outcome": "failed"},
-    ]
-    assert result["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
+def test_per_test_counts_come_from_the_verifiers_junit_report_not_from_output(agent: Agent) -> None:
+    fake = "tests/t.py::test_a PASSED\\nPASSED tests/t.py::test_b\\n"
+    printed = agent.client.post("/v1/evaluate", json={"shell": f"printf '{fake}'; exit 1"}).json()
+    assert printed["tests"] == []
+    assert printed["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    assert printed["tests_report"] is None
     junit = (
         '<testsuite><testcase classname="m" name="ok" time="0.5"/>'
         '<testcase classname="m" name="bad"><failure message="x"/></testcase></testsuite>'
     )
     (agent.root / "report.xml").write_text(junit)
-    from_junit = agent.client.post("/v1/evaluate", json={"shell": "true", "junit_xml": "report.xml"}).json()
-    assert from_junit["tests"] == [
+    planted = agent.client.post("/v1/evaluate", json={"shell": "true", "junit_xml": "report.xml"}).json()
+    assert planted["tests"] == [], "a report in the working area is the episode's, not the verifier's"
+    written = agent.client.post(
+        "/v1/evaluate",
+        json={"shell": 'cp report.xml "$SANDFLEET_VERIFIER_DIR/report.xml"', "junit_xml": "report.xml"},
+    ).json()
+    assert written["tests"] == [
         {"name": "m::ok", "outcome": "passed", "duration_s": 0.5},
         {"name": "m::bad", "outcome": "failed"},
     ]
+    assert written["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
 
 
-def test_parse_pytest_summary_lines_override_verbose_lines() -> None:
-    text = (
-        "t.py::a PASSED\nt.py::b SKIPPED\n=== short test summary ===\nFAILED t.py::a - boom\nERROR t.py::c\n"
-    )
-    assert parse_pytest_output(text) == [
-        {"name": "t.py::a", "outcome": "failed"},
-        {"name": "t.py::b", "outcome": "skipped"},
-        {"name": "t.py::c", "outcome": "error"},
-    ]
+def test_pytest_is_told_to_write_the_junit_report_into_the_verifier_dir(agent: Agent) -> None:
+    result = agent.client.post(
+        "/v1/evaluate", json={"shell": 'echo "$PYTEST_ADDOPTS"', "env": {"PYTEST_ADDOPTS": "-x"}}
+    ).json()
+    addopts = result["exec"]["stdout_tail"].split()
+    assert addopts[0] == "-x"
+    assert f"--junitxml={agent.logs / 'verifier' / 'junit.xml'}" in addopts
+    assert addopts[-2:] == ["-p", "no:cacheprovider"]
+
+
+def test_a_spoiled_junit_report_gives_no_counts_and_no_error(agent: Agent) -> None:
+    result = agent.client.post(
+        "/v1/evaluate", json={"shell": 'echo "<testsuite" > "$SANDFLEET_VERIFIER_DIR/junit.xml"'}
+    ).json()
+    assert result["tests"] == []
+    assert "not valid XML" in result["tests_error"]
+    linked = agent.client.post(
+        "/v1/evaluate", json={"shell": 'ln -s /etc/hostname "$SANDFLEET_VERIFIER_DIR/reward.txt"'}
+    ).json()
+    assert (linked["reward"], linked["reward_error"]) == (0.0, "reward.txt is not a regular file")
 
 
 @pytest.mark.parametrize(

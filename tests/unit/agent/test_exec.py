@@ -13,8 +13,8 @@ from tests.unit.agent.conftest import Agent, wait_dead
 
 def test_health_and_ready(agent: Agent) -> None:
     health = agent.client.get("/v1/health").json()
-    assert health["status"] == "ok"
-    assert health["root"] == str(agent.root.resolve())
+    # Unauthenticated, so it names nothing about the sandbox (no root, uid or pid).
+    assert health == {"status": "ok", "version": health["version"]}
     ready = agent.client.get("/v1/ready")
     assert ready.status_code == 200
     assert ready.json()["ready"] is True

@@ -183,3 +183,50 @@ def test_a_file_where_a_directory_is_expected_is_a_clear_error(agent: Agent) -> 
     upload = agent.client.put("/v1/files/archive", params={"path": "plain"}, content=_tar({"a": b"1"}))
     assert upload.status_code == 422
     assert upload.json()["error"]["code"] in {"not_a_directory", "os_error"}
+
+
+def _links_archive(entries: list[tuple[str, str | None]]) -> bytes:
+    """A tar of (name, link target) entries; a None target makes a one-byte file."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, target in entries:
+            info = tarfile.TarInfo(name)
+            if target is None:
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"x"))
+            else:
+                info.type = tarfile.SYMTYPE
+                info.linkname = target
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        # Each link is inside when made; the later one turns the earlier one outward.
+        [("esc", "a/../.."), ("a", ".")],
+        [("esc", "a/../.."), ("a", "."), ("esc/escaped.txt", None)],
+        [("esc", "a/b/../../.."), ("a", "."), ("a/b", ".")],
+        [("a", "."), ("esc", "a/../..")],
+        [("d", "."), ("d/up", "../.."), ("up/escaped.txt", None)],
+    ],
+)
+def test_archive_links_that_resolve_outside_in_any_order_are_refused(
+    agent: Agent, entries: list[tuple[str, str | None]]
+) -> None:
+    (agent.root / "sub").mkdir()
+    response = agent.client.put("/v1/files/archive", params={"path": "sub"}, content=_links_archive(entries))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "unsafe_archive"
+    assert "resolves outside the working area" in response.json()["error"]["message"]
+    assert not (agent.root.parent / "escaped.txt").exists()
+    for path in (agent.root / "sub").rglob("*"):
+        assert os.path.realpath(path).startswith(str(agent.root.resolve())), f"{path} escapes"
+
+
+def test_archive_links_that_stay_inside_are_kept(agent: Agent) -> None:
+    entries: list[tuple[str, str | None]] = [("lib/a.txt", None), ("link", "lib/../lib"), ("up", "..")]
+    response = agent.client.put("/v1/files/archive", params={"path": "sub"}, content=_links_archive(entries))
+    assert response.status_code == 200, response.text
+    assert (agent.root / "sub/link/a.txt").read_bytes() == b"x"
