@@ -42,7 +42,8 @@ def serve(
     from sandfleet.gateway.auth import Authenticator, parse_token_file
     from sandfleet.gateway.local import LocalBackend
     from sandfleet.gateway.runs import MemoryPolicyStore
-    from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS
+    from sandfleet.gateway.serving import guarded_protocol
+    from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, TenantSettings
     from sandfleet.local.errors import LocalRuntimeError
     from sandfleet.local.runtime import LocalRuntime
     from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc
@@ -73,6 +74,7 @@ def serve(
         static_tokens=parse_token_file(token_file.read_text()) if token_file else {},
         anonymous_allowed=token_file is None,
     )
+    tenancy = TenantSettings()  # SANDFLEET_GATEWAY_RUN_ADMINS, body caps, timeouts
     runtime = Runtime(
         backend=backend,
         authenticator=authenticator,
@@ -80,6 +82,7 @@ def serve(
         start=backend.start,
         stop=backend.stop,
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
+        tenancy=tenancy,
     )
     console.print(f"sandfleet: serving pool {pool!r} ({warm} warm) on http://{host}:{port}")
     uvicorn.run(
@@ -89,4 +92,5 @@ def serve(
         log_level="warning",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        http=guarded_protocol(tenancy),  # header timeout, connections per client address
     )

@@ -24,6 +24,7 @@ class RunPolicy:
     staleness_bound: int
     mode: Mode
     updated_at: float
+    owner: str = ""  # the caller that created the run; "" for runs stored before runs had owners
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -39,6 +40,7 @@ class RunPolicy:
                 staleness_bound=int(data["staleness_bound"]),
                 mode=data["mode"],
                 updated_at=float(data["updated_at"]),
+                owner=str(data.get("owner") or ""),
             )
         except (TypeError, ValueError, KeyError) as error:
             raise PolicyError(f"unreadable stored policy: {error}") from None
@@ -54,8 +56,11 @@ def publish(
     now: float,
     staleness_bound: int | None = None,
     mode: Mode | None = None,
+    owner: str = "",
 ) -> RunPolicy:
     """The run's policy after the learner publishes `version`; bound and mode default to the last ones.
+
+    The run keeps the owner it has; `owner` only names the owner of a run that has none yet.
 
     Versions never go backwards (a restarted learner that republishes an older step would make every
     live actor look fresh again); republishing the current version only changes bound or mode.
@@ -73,7 +78,8 @@ def publish(
     chosen: Mode = mode or (previous.mode if previous else "refuse")
     if chosen not in MODES:
         raise PolicyError(f"mode must be one of {', '.join(MODES)}, got {chosen!r}")
-    return RunPolicy(run=run, version=version, staleness_bound=bound, mode=chosen, updated_at=now)
+    kept = previous.owner if previous is not None and previous.owner else owner
+    return RunPolicy(run=run, version=version, staleness_bound=bound, mode=chosen, updated_at=now, owner=kept)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from sandfleet.core.profile import ProfileError, Span
 from sandfleet.gateway.auth import Authenticator, Caller, NotAllowed, Unauthenticated
 from sandfleet.gateway.backend import Backend
 from sandfleet.gateway.disconnect import ClientGone, unless_disconnected
+from sandfleet.gateway.guard import Guard
 from sandfleet.gateway.leasing import (
     Forbidden,
     Gone,
@@ -59,7 +60,16 @@ from sandfleet.gateway.run_models import (
     SpansRequest,
     SpansResponse,
 )
-from sandfleet.gateway.runs import MemoryPolicyStore, PolicyStore, Runs, StalePolicy
+from sandfleet.gateway.runs import (
+    RUN_NAME,
+    InvalidRunName,
+    MemoryPolicyStore,
+    NotYourRun,
+    PolicyStore,
+    Runs,
+    StalePolicy,
+)
+from sandfleet.gateway.settings import TenantSettings
 
 
 @dataclass
@@ -74,6 +84,7 @@ class Runtime:
     agent_token: str | None = None
     max_waiting: int = 1000
     policy_store: PolicyStore | None = None  # memory only when None
+    tenancy: TenantSettings | None = None  # run owners, body caps and timeouts; defaults when None
 
 
 def _problem(status: int, error: str, detail: str, **extra: Any) -> JSONResponse:
@@ -89,10 +100,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "The body is not valid JSON, or the sandbox's agent refused the request.",
         401: "No or unknown bearer token.",
-        403: "The caller may not use this pool or lease.",
+        403: "The caller may not use this pool, lease or run.",
         404: "No such pool or lease.",
         409: "The episode's policy version is beyond its run's staleness bound, or a version went back.",
         410: "The lease has ended (released or expired).",
+        413: "The body is larger than the route accepts (1 MiB for control routes by default).",
         422: "The request is malformed: the detail says which field and why.",
         429: "The pool's queue is full: retry after Retry-After seconds.",
         502: "The sandbox's agent did not answer: the sandbox is lost.",
@@ -123,6 +135,9 @@ class RequestMetrics:
 
 async def current_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
     """The authenticated caller of a request (401 before any work when there is none)."""
+    known = getattr(request.state, "caller", None)  # the Guard authenticated it before the body
+    if isinstance(known, Caller):
+        return known
     authenticator: Authenticator = request.app.state.authenticator
     return await authenticator.authenticate(authorization)
 
@@ -131,14 +146,16 @@ Authed = Annotated[Caller, Depends(current_caller)]
 # The agent's job ids are hex; anything else would be spliced into the agent's URL (a control
 # character makes it invalid, a '?' or '/' would reach another route): refused here with a 422.
 JobId = Annotated[str, PathParam(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+RunName = Annotated[str, PathParam(pattern=RUN_NAME, max_length=63)]
 
 
 def create_app(runtime: Runtime) -> FastAPI:
     """The gateway app over one runtime (Kubernetes or local)."""
-    metrics = GatewayMetrics()
+    tenancy = runtime.tenancy or TenantSettings()
+    metrics = GatewayMetrics(metric_runs=tenancy.metric_runs)
     service = LeaseService(runtime.backend, max_waiting=runtime.max_waiting)
     proxy = AgentProxy(runtime.agent_token)
-    runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics)
+    runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics, admins=tenancy.run_admins)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -159,6 +176,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.metrics = metrics
     app.state.runs = runs
 
+    # Outside everything else: nobody gets a body byte read, or a route resolved, before auth.
+    app.add_middleware(Guard, authenticator=runtime.authenticator, limits=tenancy.body_limits())
     app.add_middleware(RequestMetrics, histogram=metrics.request_duration)
 
     # -- errors: every one is a Problem with what to do, never a stack trace -------------------
@@ -179,6 +198,8 @@ def create_app(runtime: Runtime) -> FastAPI:
         Unauthenticated: (401, "unauthenticated"),
         NotAllowed: (403, "forbidden"),
         Forbidden: (403, "forbidden"),
+        NotYourRun: (403, "run_forbidden"),
+        InvalidRunName: (422, "invalid_run"),
         NotFound: (404, "not_found"),
         Gone: (410, "lease_ended"),
         LeaseError: (422, "invalid_lease"),
@@ -249,6 +270,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics_endpoint() -> Response:
         metrics.leases_active.set(len(service.leases()))
+        metrics.token_cache_entries.set(len(runtime.authenticator.token_cache))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # -- pools and leases ------------------------------------------------------------------------
@@ -280,6 +302,8 @@ def create_app(runtime: Runtime) -> FastAPI:
         pool = body.pool or service.pool_for_image(body.image or "")
         service.pool(pool)
         await runtime.authenticator.authorize(who, pool)
+        if "run" in body.labels:  # its leases feed the run's profile: only the run's owner's may
+            await runs.claim(body.labels["run"], who)
         request = LeaseRequest(
             pool=pool,
             holder=who.name,
@@ -356,7 +380,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         return ReleaseResponse(id=lease_id, released=released)
 
     @app.post("/v1/runs/{run}/release", tags=["leases"])
-    async def release_run(run: str, who: Authed) -> BulkReleaseResponse:
+    async def release_run(run: RunName, who: Authed) -> BulkReleaseResponse:
         released = await service.release_run(run, who.name)
         for lease_id in released:
             await runs.released(lease_id)
@@ -365,25 +389,28 @@ def create_app(runtime: Runtime) -> FastAPI:
     # -- runs: policy versions and the loop profile ----------------------------------------------
 
     @app.post("/v1/runs/{run}/policy", tags=["runs"])
-    async def publish_policy(run: str, body: PublishPolicy, who: Authed) -> PolicyView:
-        return PolicyView.of(await runs.publish(run, body.version, body.staleness_bound, body.mode))
+    async def publish_policy(run: RunName, body: PublishPolicy, who: Authed) -> PolicyView:
+        return PolicyView.of(await runs.publish(run, body.version, body.staleness_bound, body.mode, who))
 
     @app.get("/v1/runs/{run}/policy", tags=["runs"])
-    async def get_policy(run: str, who: Authed) -> PolicyView:
+    async def get_policy(run: RunName, who: Authed) -> PolicyView:
+        await runs.check(run, who)
         policy = await runs.policy(run)
         if policy is None:
             raise NotFound(f"run {run!r} has no published policy: POST /v1/runs/{run}/policy")
         return PolicyView.of(policy)
 
     @app.post("/v1/runs/{run}/spans", tags=["runs"])
-    async def report_spans(run: str, body: SpansRequest, who: Authed) -> SpansResponse:
+    async def report_spans(run: RunName, body: SpansRequest, who: Authed) -> SpansResponse:
+        await runs.claim(run, who)
         spans = [Span(s.phase, s.start, s.end, s.source, s.worker) for s in body.spans]
         return SpansResponse(run=run, recorded=runs.record(run, spans, body.dropped_stale))
 
     @app.get("/v1/runs/{run}/profile", tags=["runs"])
     async def get_profile(
-        run: str, who: Authed, window_seconds: Annotated[float, Query(gt=0, le=86400)] = 300.0
+        run: RunName, who: Authed, window_seconds: Annotated[float, Query(gt=0, le=86400)] = 300.0
     ) -> ProfileView:
+        await runs.check(run, who)
         return ProfileView.of(run, runs.profile(run, window_seconds), await runs.policy(run))
 
     # -- data plane: the leased sandbox's agent, through the gateway ---------------------------

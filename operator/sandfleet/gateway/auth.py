@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 class Unauthenticated(PermissionError):
@@ -44,6 +50,59 @@ def parse_token_file(text: str) -> dict[str, Caller]:
     return tokens
 
 
+class ReviewCache(Generic[K, V]):
+    """Review results, bounded: at most `max_size` (least recently used go first), each for a TTL.
+
+    Negative results live shorter than positive ones: a token minted a moment ago must not stay
+    refused for long, and a flood of unknown tokens only ever costs `max_size` entries.
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        ttl_seconds: float,
+        negative_ttl_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_size < 1:
+            raise ValueError(f"a review cache needs room for at least one entry, got {max_size}")
+        self.max_size = max_size
+        self.ttl_seconds = ttl_seconds
+        self.negative_ttl_seconds = negative_ttl_seconds
+        self.clock = clock
+        self._entries: OrderedDict[K, tuple[float, V | None]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        """(found, value): an expired entry is dropped and not found."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False, None
+        if entry[0] <= self.clock():
+            del self._entries[key]
+            return False, None
+        self._entries.move_to_end(key)
+        return True, entry[1]
+
+    def put(self, key: K, value: V | None, negative: bool = False) -> None:
+        """Remember `value` (`negative`: a refusal, kept for the shorter TTL)."""
+        ttl = self.negative_ttl_seconds if negative else self.ttl_seconds
+        if ttl <= 0:
+            self._entries.pop(key, None)
+            return
+        self._entries[key] = (self.clock() + ttl, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_size:
+            self._entries.popitem(last=False)
+
+
+def token_digest(token: str) -> bytes:
+    """What the cache keys a token by: never the token itself, which a heap dump would show."""
+    return hashlib.sha256(token.encode()).digest()
+
+
 TokenReviewer = Callable[[str], Awaitable[tuple[str, list[str]] | None]]
 AccessReviewer = Callable[[str, list[str], str], Awaitable[bool]]
 
@@ -58,15 +117,22 @@ class Authenticator:
         review_access: AccessReviewer | None = None,
         anonymous_allowed: bool = False,
         cache_seconds: float = 30.0,
+        negative_cache_seconds: float = 5.0,
+        cache_size: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.static_tokens = static_tokens or {}
         self.review_token = review_token
         self.review_access = review_access
         self.anonymous_allowed = anonymous_allowed
-        self.cache_seconds = cache_seconds
-        # Reviews are apiserver round trips; caching keeps them off the lease hot path.
-        self._token_cache: dict[str, tuple[float, Caller | None]] = {}
-        self._access_cache: dict[tuple[str, str], tuple[float, bool]] = {}
+        # Reviews are apiserver round trips; caching keeps them off the lease hot path. Both caches
+        # are bounded: a caller sending a new random token per request must not grow the gateway.
+        self.token_cache: ReviewCache[bytes, Caller] = ReviewCache(
+            cache_size, cache_seconds, negative_cache_seconds, clock
+        )
+        self.access_cache: ReviewCache[tuple[str, str], bool] = ReviewCache(
+            cache_size, cache_seconds, negative_cache_seconds, clock
+        )
 
     @classmethod
     def from_token_file(cls, path: Path | None, **kwargs: object) -> Authenticator:
@@ -86,15 +152,14 @@ class Authenticator:
             if hmac.compare_digest(known.encode(), token.encode()):
                 return caller
         if self.review_token is not None:
-            now = time.monotonic()
-            cached = self._token_cache.get(token)
-            if cached is None or cached[0] < now:
+            key = token_digest(token)
+            cached, found = self.token_cache.get(key)
+            if not cached:
                 reviewed = await self.review_token(token)
                 found = Caller(reviewed[0], tuple(reviewed[1]), pools=None) if reviewed else None
-                cached = (now + self.cache_seconds, found)
-                self._token_cache[token] = cached
-            if cached[1] is not None:
-                return cached[1]
+                self.token_cache.put(key, found, negative=found is None)
+            if found is not None:
+                return found
         raise Unauthenticated("the bearer token was not recognised")
 
     async def authorize(self, caller: Caller, pool: str) -> None:
@@ -104,14 +169,12 @@ class Authenticator:
             raise NotAllowed(f"{caller.name} may not lease from pool {pool!r}")
         if self.review_access is None:
             raise NotAllowed(f"{caller.name} may not lease from pool {pool!r}")
-        now = time.monotonic()
         key = (caller.name, pool)
-        cached = self._access_cache.get(key)
-        if cached is None or cached[0] < now:
+        known, allowed = self.access_cache.get(key)
+        if not known:
             allowed = await self.review_access(caller.name, list(caller.groups), pool)
-            cached = (now + self.cache_seconds, allowed)
-            self._access_cache[key] = cached
-        if not cached[1]:
+            self.access_cache.put(key, allowed, negative=not allowed)
+        if not allowed:
             raise NotAllowed(
                 f"{caller.name} may not lease from pool {pool!r}: grant the verb `use` on "
                 f"sandboxpools/{pool} (group sandfleet.dev) with a Role"

@@ -9,7 +9,8 @@ from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
-from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, GatewaySettings
+from sandfleet.gateway.serving import guarded_protocol
+from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, GatewaySettings, TenantSettings
 
 
 def kube_app(settings: GatewaySettings) -> FastAPI:
@@ -18,11 +19,15 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
     agent_token = settings.agent_token_file.read_text().strip() if settings.agent_token_file else None
     backend = KubeBackend(settings.namespace, token_audiences=settings.token_audiences)
     reviews = settings.auth == "kubernetes"
+    tenancy = TenantSettings()
     authenticator = Authenticator(
         static_tokens=tokens,
         review_token=backend.review_token if reviews else None,
         review_access=backend.may_use_pool if reviews else None,
         anonymous_allowed=settings.auth == "none",
+        cache_size=tenancy.token_cache_size,
+        cache_seconds=tenancy.token_cache_seconds,
+        negative_cache_seconds=tenancy.token_negative_cache_seconds,
     )
     runtime = Runtime(
         backend=backend,
@@ -33,6 +38,7 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
         agent_token=agent_token,
         max_waiting=settings.max_waiting,
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.core),
+        tenancy=tenancy,
     )
     return create_app(runtime)
 
@@ -45,4 +51,5 @@ def run(settings: GatewaySettings) -> None:
         log_level="warning",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        http=guarded_protocol(TenantSettings()),  # header timeout, connections per address
     )

@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from sandfleet import __version__
 
+OTHER_RUNS = "other"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class RunLabels:
+    """Which runs get their own `run` label value: at most `limit` at once, the rest share `other`.
+
+    Run names come from clients: without a bound, every new name is a new set of series, and
+    /metrics (and Prometheus) grows without end. A run that is forgotten (ended, or idle long
+    enough to be dropped) gives its series and its place back.
+    """
+
+    def __init__(self, histogram: Histogram, limit: int) -> None:
+        self.histogram = histogram
+        self.limit = limit
+        self._phases: dict[str, set[str]] = {}  # run -> phases it has series for
+
+    def __len__(self) -> int:
+        return len(self._phases)
+
+    def label(self, run: str, phase: str) -> str:
+        phases = self._phases.get(run)
+        if phases is None:
+            if len(self._phases) >= self.limit or run == OTHER_RUNS:
+                return OTHER_RUNS
+            phases = self._phases[run] = set()
+        phases.add(phase)
+        return run
+
+    def forget(self, run: str) -> None:
+        for phase in self._phases.pop(run, set()):
+            with contextlib.suppress(KeyError):
+                self.histogram.remove(run, phase)
 
 
 @dataclass
@@ -16,6 +49,7 @@ class GatewayMetrics:
     """One registry per gateway app, so several apps (tests) never collide."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    metric_runs: int = 50  # runs with their own loop-phase series (see RunLabels)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -50,9 +84,16 @@ class GatewayMetrics:
         )
         self.loop_phase = Histogram(
             "sandfleet_loop_phase_seconds",
-            "Durations of the RL loop's phases per run (actor, learner and gateway spans).",
+            "Durations of the RL loop's phases per run (actor, learner and gateway spans); runs past"
+            " the first SANDFLEET_GATEWAY_METRIC_RUNS live ones are labelled `other`.",
             ["run", "phase"],
             buckets=(*LATENCY_BUCKETS, 120, 300),
+            registry=r,
+        )
+        self.runs = RunLabels(self.loop_phase, self.metric_runs)
+        self.token_cache_entries = Gauge(
+            "sandfleet_gateway_token_cache_entries",
+            "TokenReview results the gateway holds (bounded by SANDFLEET_GATEWAY_TOKEN_CACHE_SIZE).",
             registry=r,
         )
         self.policy_staleness = Histogram(

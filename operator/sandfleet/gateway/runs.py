@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from typing import Protocol
 from sandfleet.core.leases import Lease
 from sandfleet.core.policy import STALE_LABEL, Mode, PolicyError, RunPolicy, decide, publish, staleness
 from sandfleet.core.profile import Profile, Span, check_span, profile
+from sandfleet.gateway.auth import Caller
 from sandfleet.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -23,10 +25,32 @@ log = logging.getLogger(__name__)
 MAX_SPANS_PER_RUN = 50_000  # a few minutes of a busy run; older spans fall off first
 MAX_RUNS = 256
 MAX_TRACKED_LEASES = 100_000
+MAX_OWNED_RUNS = 100_000  # owners of runs without a stored policy, in this gateway's memory
+RUN_IDLE_SECONDS = 3600.0  # a run heard from no more for this long has ended: its spans go
+# A run name is a Kubernetes label value (it labels the leased Pods): bounded, and safe anywhere.
+RUN_NAME = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$"
+_RUN_NAME = re.compile(RUN_NAME)
 
 
 class StalePolicy(RuntimeError):
     """An acquire for a policy version further behind its run's current version than the bound."""
+
+
+class InvalidRunName(ValueError):
+    """A run name that is not a label value (422)."""
+
+
+class NotYourRun(PermissionError):
+    """A caller acting on a run another caller created (403)."""
+
+
+def check_run_name(run: str) -> str:
+    if not _RUN_NAME.match(run):
+        raise InvalidRunName(
+            f"run name {run[:80]!r} is not valid: use 1-63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return run
 
 
 class PolicyStore(Protocol):
@@ -80,23 +104,74 @@ class Runs:
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.time,
         max_spans: int = MAX_SPANS_PER_RUN,
+        admins: Iterable[str] = (),
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.clock = clock
         self.max_spans = max_spans
+        self.admins = frozenset(admins)
         self._spans: OrderedDict[str, deque[Span]] = OrderedDict()
+        self._heard: dict[str, float] = {}  # run -> when its last span came
+        # Owners of runs that have no stored policy yet (a stored policy carries its own owner).
+        self._owners: OrderedDict[str, str] = OrderedDict()
         self._leases: OrderedDict[str, _Tracked] = OrderedDict()
         self._publishing: dict[str, asyncio.Lock] = {}
+
+    # -- who may act on a run ----------------------------------------------------------------------
+
+    def is_admin(self, caller: Caller) -> bool:
+        return caller.name in self.admins or any(group in self.admins for group in caller.groups)
+
+    async def owner(self, run: str) -> str | None:
+        """Who created `run`: the stored policy's owner, else the first caller this gateway saw."""
+        policy = await self.store.get(run)
+        if policy is not None and policy.owner:
+            return policy.owner
+        return self._owners.get(run)
+
+    async def check(self, run: str, caller: Caller) -> None:
+        """NotYourRun unless `caller` may read `run` (its owner, an admin, or nobody owns it yet)."""
+        check_run_name(run)
+        if self.is_admin(caller):
+            return
+        owner = await self.owner(run)
+        if owner is not None and owner != caller.name:
+            raise NotYourRun(
+                f"run {run!r} belongs to another caller: use a run name of your own (run names are "
+                "first come, first served), or ask the operator to list you in "
+                "SANDFLEET_GATEWAY_RUN_ADMINS"
+            )
+
+    async def claim(self, run: str, caller: Caller) -> None:
+        """Like `check`, and the first caller to act on a run nobody owns becomes its owner."""
+        await self.check(run, caller)
+        if run not in self._owners and await self.owner(run) is None:
+            self._owners[run] = caller.name
+            while len(self._owners) > MAX_OWNED_RUNS:
+                self._owners.popitem(last=False)
 
     # -- policy versions -------------------------------------------------------------------------
 
     async def publish(
-        self, run: str, version: int, staleness_bound: int | None, mode: Mode | None
+        self,
+        run: str,
+        version: int,
+        staleness_bound: int | None,
+        mode: Mode | None,
+        caller: Caller | None = None,
     ) -> RunPolicy:
+        """Publish a version; with a `caller`, only the run's owner (or an admin) may."""
+        owner = ""
+        if caller is not None:
+            await self.claim(run, caller)
+            owner = self._owners.get(run, caller.name)
         lock = self._publishing.setdefault(run, asyncio.Lock())
         async with lock:  # read-modify-write of one run's policy, one at a time in this gateway
-            policy = publish(await self.store.get(run), run, version, self.clock(), staleness_bound, mode)
+            previous = await self.store.get(run)
+            if caller is not None and previous is not None and previous.owner:
+                await self.check(run, caller)  # another replica may have created it meanwhile
+            policy = publish(previous, run, version, self.clock(), staleness_bound, mode, owner)
             await self.store.put(policy)
         return policy
 
@@ -177,15 +252,37 @@ class Runs:
         return profile(self._spans.get(run, ()), now - window_seconds, now)
 
     def _add(self, run: str, span: Span) -> None:
+        now = self.clock()
         spans = self._spans.get(run)
         if spans is None:
             spans = self._spans[run] = deque(maxlen=self.max_spans)
-            while len(self._spans) > MAX_RUNS:
-                self._spans.popitem(last=False)  # the run heard from least recently goes
         else:
             self._spans.move_to_end(run)
+        self._heard[run] = now
+        # The run heard from least recently goes first: past the count, or silent for an hour (it
+        # ended); its metric series go with it, so they stay bounded whatever names clients send.
+        while self._spans:
+            oldest = next(iter(self._spans))
+            if len(self._spans) <= MAX_RUNS and self._heard[oldest] >= now - RUN_IDLE_SECONDS:
+                break
+            self._forget(oldest)
         spans.append(span)
-        self.metrics.loop_phase.labels(run, span.phase).observe(span.seconds)
+        label = self.metrics.runs.label(run, span.phase)
+        self.metrics.loop_phase.labels(label, span.phase).observe(span.seconds)
+
+    def _forget(self, run: str) -> None:
+        self._spans.pop(run, None)
+        self._heard.pop(run, None)
+        self.metrics.runs.forget(run)
 
 
-__all__ = ["MemoryPolicyStore", "PolicyError", "PolicyStore", "Runs", "StalePolicy"]
+__all__ = [
+    "InvalidRunName",
+    "MemoryPolicyStore",
+    "NotYourRun",
+    "PolicyError",
+    "PolicyStore",
+    "Runs",
+    "StalePolicy",
+    "check_run_name",
+]

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandfleet.gateway.guard import BodyLimits
+
 # Idle keep-alive connections live longer on the server than in clients (httpx drops its own after
 # 5 s): with equal timeouts a client reuses a connection at the instant the server closes it, and
 # the request fails with a protocol error instead of being served.
@@ -30,3 +32,46 @@ class GatewaySettings(BaseSettings):
         default_factory=list,
         description="Audiences a caller's token must carry (TokenReview); empty means the apiserver's.",
     )
+
+
+class TenantSettings(BaseSettings):
+    """The tenant boundary: who may act on a run, what one caller (or address) can make us hold.
+
+    Read from SANDFLEET_GATEWAY_* by `sandfleet gateway` and `sandfleet serve --local` alike.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SANDFLEET_GATEWAY_", extra="ignore")
+
+    run_admins: list[str] = Field(
+        default_factory=list,
+        description="Caller names or groups that may act on every run (others only on their own).",
+    )
+    metric_runs: int = Field(
+        50, ge=0, le=10_000, description="Runs with their own loop-phase series; the rest are `other`."
+    )
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Body cap of the JSON control routes.")
+    max_agent_body_bytes: int = Field(
+        64 << 20, ge=1024, description="Body cap of the data plane's JSON routes (exec, jobs, evaluate)."
+    )
+    max_upload_bytes: int = Field(
+        1 << 30, ge=1024, description="Body cap of file and archive uploads (streamed to the agent)."
+    )
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, le=600, description="Time a connection has to send a request's headers."
+    )
+    body_idle_seconds: float = Field(
+        30.0, gt=0, le=3600, description="Longest pause while a request's body is being sent."
+    )
+    max_connections_per_client: int = Field(
+        512, ge=0, description="Open connections per client address (0: no cap; behind a proxy, raise it)."
+    )
+    token_cache_size: int = Field(10_000, ge=1, description="TokenReview results kept (LRU).")
+    token_cache_seconds: float = Field(30.0, ge=0, description="How long a recognised token is trusted.")
+    token_negative_cache_seconds: float = Field(
+        5.0, ge=0, description="How long an unrecognised token is remembered as such."
+    )
+
+    def body_limits(self) -> BodyLimits:
+        return BodyLimits(
+            self.max_body_bytes, self.max_agent_body_bytes, self.max_upload_bytes, self.body_idle_seconds
+        )
