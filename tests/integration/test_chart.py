@@ -7,6 +7,7 @@ The whole path (pools filling, leases, `helm test`) runs on a real node in tests
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -113,9 +114,18 @@ def _install_args(namespace: str) -> list[str]:
     return ["--set", f"runtimeClass.name=gvisor-{namespace}", "--wait", "--timeout", "180s"]
 
 
+# What the chart's podSecurity values ask of its namespace (an install elsewhere fails).
+PSA_LABELS = (
+    "pod-security.kubernetes.io/enforce=baseline",
+    "pod-security.kubernetes.io/warn=restricted",
+    "pod-security.kubernetes.io/audit=restricted",
+)
+
+
 def _fresh_namespace(kubectl: Kubectl) -> str:
     name = f"chart-{uuid.uuid4().hex[:8]}"
     kubectl("create", "namespace", name)
+    kubectl("label", "namespace", name, *PSA_LABELS)
     return name
 
 
@@ -290,8 +300,25 @@ def _chart_command(release: Release, deployment: str, overrides: dict[str, str])
     return command
 
 
-def _start(command: list[str], kubeconfig: Path, log: Path, namespace: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": namespace}
+def _agent_key_file(release: Release, path: Path) -> Path:
+    """The release's fleet key (its Secret) in a file, as the chart mounts it into both components."""
+    kube = release.kubectl.in_namespace(release.namespace)
+    path.write_bytes(
+        base64.b64decode(kube("get", "secret", "sandfleet-agent-key", "-o", "jsonpath={.data.key}"))
+    )
+    return path
+
+
+def _start(
+    command: list[str], kubeconfig: Path, log: Path, namespace: str, key: Path
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "POD_NAMESPACE": namespace,
+        "SANDFLEET_OPERATOR_AGENT_KEY_FILE": str(key),
+        "SANDFLEET_GATEWAY_AGENT_KEY_FILE": str(key),
+    }
     with log.open("wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
@@ -327,6 +354,7 @@ def test_the_chart_accounts_and_flags_run_the_real_operator_and_gateway(
     kube = release.kubectl.in_namespace(release.namespace)
     target = kube.json("get", "sandboxpool", "python")["spec"]["replicas"]
     operator_log, gateway_log = tmp_path / "operator.log", tmp_path / "gateway.log"
+    key = _agent_key_file(release, tmp_path / "agent-key")
     operator = _start(
         _chart_command(
             release,
@@ -336,6 +364,7 @@ def test_the_chart_accounts_and_flags_run_the_real_operator_and_gateway(
         _account_kubeconfig(release, "sandfleet-operator", tmp_path / "operator.kubeconfig"),
         operator_log,
         release.namespace,
+        key,
     )
     port = _free_port()
     gateway = _start(
@@ -343,6 +372,7 @@ def test_the_chart_accounts_and_flags_run_the_real_operator_and_gateway(
         _account_kubeconfig(release, "sandfleet-gateway", tmp_path / "gateway.kubeconfig"),
         gateway_log,
         release.namespace,
+        key,
     )
     try:
         wait_until(
@@ -358,8 +388,13 @@ def test_the_chart_accounts_and_flags_run_the_real_operator_and_gateway(
         kube("get", "lease", "sandfleet-operator")
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, gateway, gateway_log, timeout=60, what="the gateway as its account")
-        user = release.kubectl("-n", release.namespace, "create", "token", "sandfleet-test").strip()
-        stranger = release.kubectl("-n", release.namespace, "create", "token", "sandfleet-operator").strip()
+        # The gateway accepts only tokens minted for it (gateway.tokenAudiences: [sandfleet]).
+        token = ["-n", release.namespace, "create", "token", "--audience", "sandfleet"]
+        user = release.kubectl(*token, "sandfleet-test").strip()
+        stranger = release.kubectl(*token, "sandfleet-operator").strip()
+        apiserver_token = release.kubectl(
+            "-n", release.namespace, "create", "token", "sandfleet-test"
+        ).strip()
         with httpx.Client(base_url=url, timeout=60) as http:
             auth = {"Authorization": f"Bearer {user}"}
             acquired = http.post("/v1/leases", json={"pool": "python", "labels": {"run": "r1"}}, headers=auth)
@@ -383,6 +418,11 @@ def test_the_chart_accounts_and_flags_run_the_real_operator_and_gateway(
                 "/v1/leases", json={"pool": "python"}, headers={"Authorization": f"Bearer {stranger}"}
             )
             assert refused.status_code == 403, refused.text
+            # A token for the apiserver is not one for the gateway, whoever it names.
+            wrong_audience = http.post(
+                "/v1/leases", json={"pool": "python"}, headers={"Authorization": f"Bearer {apiserver_token}"}
+            )
+            assert wrong_audience.status_code == 401, wrong_audience.text
         for log in (operator_log, gateway_log):
             text = log.read_text(errors="replace")
             assert "forbidden" not in text.lower(), f"{log.name}:\n{text[-3000:]}"
@@ -398,7 +438,11 @@ def _leftovers(kubectl: Kubectl, namespace: str, release: str) -> list[str]:
         "all,sandboxpools,serviceaccounts,roles,rolebindings,networkpolicies,configmaps,poddisruptionbudgets"
     )
     found = kubectl.in_namespace(namespace)("get", kinds, "-l", selector, "-o", "name").split()
-    cluster = kubectl("get", "clusterroles,clusterrolebindings,runtimeclasses", "-l", selector, "-o", "name")
+    cluster_kinds = (
+        "clusterroles,clusterrolebindings,runtimeclasses,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
+    )
+    cluster = kubectl("get", cluster_kinds, "-l", selector, "-o", "name")
     # Other tests' releases may share the release name; ours carry the namespace in their names.
     return found + [name for name in cluster.split() if namespace in name]
 

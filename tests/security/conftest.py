@@ -1,5 +1,7 @@
-"""Fixtures of the security suite: real gVisor sandboxes from the local e2e fixtures."""
+"""Fixtures of the security tests: real gVisor sandboxes (the local e2e fixtures), and the local
+cluster's operator processes and its gvisor RuntimeClass."""
 
-from tests.e2e.local.conftest import agent, base_image, runsc, runtime, sandbox
+from __future__ import annotations
 
-__all__ = ["agent", "base_image", "runsc", "runtime", "sandbox"]
+from tests.e2e.local.conftest import agent, base_image, runsc, runtime, sandbox  # noqa: F401
+from tests.integration.controller.conftest import runtime_class, start_operator  # noqa: F401

@@ -107,16 +107,52 @@ matchExpressions:
   - {key: sandfleet.dev/pool, operator: Exists}
 {{- end -}}
 
-{{/* Egress to the apiserver and, when enabled, DNS: NetworkPolicy egress rules. */}}
+{{/*
+The apiserver's addresses as CIDRs (JSON list): the values', else the `kubernetes` Service's
+EndpointSlice looked up in the cluster; empty offline (`helm template`), where nothing is looked up.
+*/}}
+{{- define "sandfleet.apiServerCIDRs" -}}
+{{- $cidrs := list -}}
+{{- if .Values.networkPolicy.apiServer.cidrs -}}
+{{- $cidrs = .Values.networkPolicy.apiServer.cidrs -}}
+{{- else -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" | default dict -}}
+{{- range ($slice.endpoints | default list) -}}
+{{- range (.addresses | default list) -}}
+{{- $cidrs = append $cidrs (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $cidrs -}}
+{{- end -}}
+
+{{/* The apiserver's ports: the values', and the EndpointSlice's when the addresses come from it. */}}
+{{- define "sandfleet.apiServerPorts" -}}
+{{- $ports := list -}}
+{{- range .Values.networkPolicy.apiServer.ports }}{{ $ports = append $ports (int .) }}{{ end -}}
+{{- if not .Values.networkPolicy.apiServer.cidrs -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" | default dict -}}
+{{- range ($slice.ports | default list) }}{{ $ports = append $ports (int .port) }}{{ end -}}
+{{- end -}}
+{{- toJson ($ports | uniq) -}}
+{{- end -}}
+
+{{/*
+Egress to the apiserver: NetworkPolicy egress rules, none when its addresses are unknown (a rule
+without peers would allow every destination).
+*/}}
 {{- define "sandfleet.apiServerEgress" -}}
+{{- $cidrs := include "sandfleet.apiServerCIDRs" . | fromJsonArray -}}
+{{- if $cidrs }}
 - to:
-  {{- range .Values.networkPolicy.apiServer.cidrs }}
+  {{- range $cidrs }}
     - ipBlock: {cidr: {{ . | quote }}}
   {{- end }}
   ports:
-  {{- range .Values.networkPolicy.apiServer.ports }}
+  {{- range (include "sandfleet.apiServerPorts" . | fromJsonArray) }}
     - {protocol: TCP, port: {{ . }}}
   {{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "sandfleet.dnsEgress" -}}
@@ -138,8 +174,66 @@ matchExpressions:
 - {name: tmp, emptyDir: {sizeLimit: 256Mi}}
 {{- end -}}
 
+{{/* The Secret holding the fleet key (sandbox agents' tokens derive from it). */}}
+{{- define "sandfleet.agentKeySecret" -}}
+{{- .Values.agentKey.existingSecret | default (include "sandfleet.componentName" (dict "root" . "component" "agent-key")) -}}
+{{- end -}}
+
+{{- define "sandfleet.agentKeyPath" -}}
+{{- printf "/etc/sandfleet/agent-key/%s" .Values.agentKey.key -}}
+{{- end -}}
+
+{{/* The fleet key mounted read-only into the operator and the gateway. */}}
+{{- define "sandfleet.agentKeyVolumeMount" -}}
+- {name: agent-key, mountPath: /etc/sandfleet/agent-key, readOnly: true}
+{{- end -}}
+{{- define "sandfleet.agentKeyVolume" -}}
+- name: agent-key
+  secret:
+    secretName: {{ include "sandfleet.agentKeySecret" . }}
+    defaultMode: 0440
+    items: [{key: {{ .Values.agentKey.key }}, path: {{ .Values.agentKey.key }}}]
+{{- end -}}
+
+{{/* The RuntimeClasses pools may name (JSON list): runtimeClass.allowed, else runtimeClass.name. */}}
+{{- define "sandfleet.allowedRuntimeClasses" -}}
+{{- toJson (.Values.runtimeClass.allowed | default (list .Values.runtimeClass.name)) -}}
+{{- end -}}
+
+{{/* The gateway's ServiceAccount as the apiserver names it (admission policies match on it). */}}
+{{- define "sandfleet.gatewayUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "sandfleet.componentName" (dict "root" . "component" "gateway")) -}}
+{{- end -}}
+
+{{/*
+The release namespace must carry the Pod Security labels of values podSecurity (the chart cannot
+label a namespace it does not own). Looked up at install and upgrade; offline renders skip it.
+*/}}
+{{- define "sandfleet.checkNamespace" -}}
+{{- if .Values.podSecurity.checkNamespace -}}
+{{- $ns := lookup "v1" "Namespace" "" .Release.Namespace | default dict -}}
+{{- if $ns -}}
+{{- $labels := (($ns.metadata | default dict).labels | default dict) -}}
+{{- $wrong := list -}}
+{{- $want := list -}}
+{{- range $mode := list "enforce" "warn" "audit" -}}
+{{- $key := printf "pod-security.kubernetes.io/%s" $mode -}}
+{{- $level := index $.Values.podSecurity $mode -}}
+{{- $want = append $want (printf "%s=%s" $key $level) -}}
+{{- if ne (index $labels $key | default "") $level -}}
+{{- $wrong = append $wrong (printf "%s is %q, want %q" $key (index $labels $key | default "") $level) -}}
+{{- end -}}
+{{- end -}}
+{{- if $wrong -}}
+{{- fail (printf "namespace %s lacks the Pod Security labels sandfleet needs (%s). Label it: kubectl label namespace %s --overwrite %s (or podSecurity.checkNamespace=false if something else enforces Pod Security there)" .Release.Namespace (join "; " $wrong) .Release.Namespace (join " " $want)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Values that pass the schema but do not fit together: one message saying what to set. */}}
 {{- define "sandfleet.checks" -}}
+{{- include "sandfleet.checkNamespace" . -}}
 {{- if and .Values.gateway.enabled (eq .Values.gateway.auth "static") (not .Values.gateway.staticTokens.secretName) -}}
 {{- fail "gateway.auth=static needs gateway.staticTokens.secretName: a Secret whose key holds lines `TOKEN NAME [POOLS]`" -}}
 {{- end -}}

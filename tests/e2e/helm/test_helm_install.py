@@ -35,6 +35,13 @@ SANDBOX_REF = "localhost/sandfleet/sandbox:0.1.0"
 TASKS_REF = "localhost/sandfleet/sandbox-tasks:0.1.0"
 # A port a Pod of the namespace serves on that the sandboxes' egress allow-list opens.
 ALLOWED_PORT = 9099
+PSA_LABELS = (
+    "pod-security.kubernetes.io/enforce=baseline",
+    "pod-security.kubernetes.io/warn=restricted",
+    "pod-security.kubernetes.io/audit=restricted",
+)
+# The agent's bounding set in gVisor: CHOWN, DAC_OVERRIDE, FOWNER, KILL, SETGID, SETUID (bits 0 1 3 5 6 7).
+SANDBOX_CAPABILITY_MASK = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
 
 
 @dataclass
@@ -64,7 +71,8 @@ class Install:
         return f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
 
     def fleet(self, account: str = "sandfleet-test") -> Fleet:
-        token = self.kube("create", "token", account).strip()
+        # The gateway accepts only tokens minted for it (gateway.tokenAudiences: [sandfleet]).
+        token = self.kube("create", "token", account, "--audience", "sandfleet").strip()
         return Fleet(url=self.gateway_url(), token=token, timeout=120)
 
 
@@ -76,10 +84,7 @@ def _json_line(argv: list[str]) -> dict[str, Any]:
 
 
 def _values(cluster: RealCluster, path: Path) -> Path:
-    """The real node is one node in us-east1; the apiserver is where the `kubernetes` Service points."""
-    endpoints = cluster.kubectl.json("get", "endpoints", "kubernetes", "-n", "default")
-    subset = endpoints["subsets"][0]
-    apiserver_ip, apiserver_port = subset["addresses"][0]["ip"], subset["ports"][0]["port"]
+    """The real node is one node in us-east1; the apiserver's address is the chart's own lookup."""
     values = {
         "runtimeClass": {"create": False, "name": cluster.runtime_class},
         "operator": {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}},
@@ -96,7 +101,6 @@ def _values(cluster: RealCluster, path: Path) -> Path:
             }
         ],
         "networkPolicy": {
-            "apiServer": {"cidrs": [f"{apiserver_ip}/32"], "ports": sorted({443, int(apiserver_port)})},
             "sandboxes": {"egress": [{"cidr": REAL_POD_CIDR, "ports": [{"port": ALLOWED_PORT}]}]},
         },
     }
@@ -114,6 +118,8 @@ def install(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory)
     real_cluster.import_image(Path(build_task_image()["archive"]), TASKS_REF)
     namespace = f"helm-{int(time.time())}"
     real_cluster.kubectl("create", "namespace", namespace)
+    # Pod Security as the chart requires (and checks): sandboxes at baseline, the rest warned at restricted.
+    real_cluster.kubectl("label", "namespace", namespace, *PSA_LABELS)
     installed = Install(
         real_cluster, namespace, _values(real_cluster, tmp_path_factory.mktemp("helm") / "v.yaml")
     )
@@ -172,6 +178,35 @@ def test_lease_exec_evaluate_release_through_the_gateway(install: Install) -> No
         what=f"the released sandbox's Pod {leased_pod} to be deleted",
     )
     wait_until(lambda: len(_ready_free(install)) == SANDBOXES, timeout=240, what="the pool to refill")
+
+
+def test_sandboxes_run_with_six_capabilities_and_no_new_privileges(install: Install) -> None:
+    """On the real node, under gVisor: what the Pod's securityContext asks for is what the agent has."""
+    with install.fleet() as fleet, fleet.lease("python", labels={"run": "caps"}) as sandbox:
+        status = sandbox.exec(["cat", "/proc/1/status"]).stdout
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert int(fields["CapBnd"].strip(), 16) == SANDBOX_CAPABILITY_MASK, status
+        assert int(fields["CapEff"].strip(), 16) & ~SANDBOX_CAPABILITY_MASK == 0, status
+        assert fields["NoNewPrivs"].strip() == "1", status
+        assert "gVisor" in sandbox.exec(["dmesg"]).stdout
+    pod = _ready_free(install)[0]
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "2Gi"
+    namespace = install.cluster.kubectl.json("get", "namespace", install.namespace)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_a_pool_without_gvisor_is_refused_by_the_apiserver(install: Install) -> None:
+    pool = install.kube.json("get", "sandboxpool", "python")
+    escape = {
+        "apiVersion": pool["apiVersion"],
+        "kind": "SandboxPool",
+        "metadata": {"name": "escape"},
+        "spec": {**pool["spec"], "template": {**pool["spec"]["template"], "runtimeClassName": "runc"}},
+    }
+    result = install.kube.run("create", "-f", "-", stdin=json.dumps(escape))
+    assert result.returncode != 0, "the apiserver accepted a pool with runtimeClassName runc"
+    assert "runtimeClassName runc is not allowed" in result.stderr, result.stderr
+    assert install.kube.run("get", "sandboxpool", "escape").returncode != 0
 
 
 def test_helm_test_leases_execs_and_releases(install: Install) -> None:

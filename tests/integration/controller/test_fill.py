@@ -175,7 +175,11 @@ def test_all_nodes_of_a_region_not_ready_moves_its_share(
 
 
 def test_an_image_that_never_gets_ready_degrades_the_pool_without_churn(
-    kube: Kubectl, kubectl: Kubectl, namespace: str, start_operator: Callable[[], OperatorProcess]
+    kube: Kubectl,
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: Callable[[], OperatorProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # kwok makes every scheduled Pod Ready; a RuntimeClass that only fits nodes that do not exist
     # stands in for an image that never starts: its sandboxes are never Ready.
@@ -189,6 +193,8 @@ def test_an_image_that_never_gets_ready_degrades_the_pool_without_churn(
             "scheduling": {"nodeSelector": {"sandfleet.dev/no-such-node": "true"}},
         }
     )
+    # The operator gives Pods only to the RuntimeClasses it is told to allow.
+    monkeypatch.setenv("SANDFLEET_OPERATOR_RUNTIME_CLASSES", f"gvisor,{broken}")
     try:
         operator = start_operator()
         kube.apply(

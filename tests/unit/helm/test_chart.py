@@ -110,7 +110,13 @@ def test_everything_renders_every_optional_part() -> None:
 
 
 def test_every_object_is_namespaced_to_the_release_or_cluster_scoped() -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "RuntimeClass"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RuntimeClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for doc in render_everything(namespace="team-a"):
         if doc["kind"] in cluster_scoped:
             assert "namespace" not in doc["metadata"]
@@ -199,7 +205,16 @@ def test_gateway_deployment_probes_and_flags() -> None:
 
 def test_a_gateway_audience_reaches_the_gateway_and_the_rl_tokens() -> None:
     plain = named(render(), "Deployment", "sandfleet-gateway")["spec"]["template"]["spec"]
-    assert not [a for a in plain["containers"][0]["args"] if a.startswith("--token-audience")]
+    assert [a for a in plain["containers"][0]["args"] if a.startswith("--token-audience")] == [
+        "--token-audience=sandfleet"
+    ]
+    # Opened on purpose: any ServiceAccount token (the apiserver's audiences).
+    opened = named(render("--set-json", "gateway.tokenAudiences=[]"), "Deployment", "sandfleet-gateway")
+    assert not [
+        a
+        for a in opened["spec"]["template"]["spec"]["containers"][0]["args"]
+        if a.startswith("--token-audience")
+    ]
     docs = render("-f", str(EVERYTHING), "--set", "gateway.tokenAudiences={sandfleet-gateway}")
     gateway = named(docs, "Deployment", "sandfleet-gateway")["spec"]["template"]["spec"]
     assert "--token-audience=sandfleet-gateway" in gateway["containers"][0]["args"]
@@ -630,7 +645,7 @@ def test_sandbox_egress_is_denied_unless_allowed() -> None:
 
 
 def test_gateway_reaches_the_apiserver_and_the_sandboxes_only() -> None:
-    docs = render()
+    docs = render("--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}")
     policy = named(docs, "NetworkPolicy", "sandfleet-gateway")["spec"]
     sandbox = a_sandbox_pod(docs)
     to_sandboxes = [r for r in policy["egress"] if any("podSelector" in p for p in r["to"])]
@@ -656,9 +671,9 @@ def test_gateway_ingress_restricted_still_admits_the_charts_own_clients() -> Non
         name for name, pod in pods.items() if any(matches(s, pod["metadata"]["labels"]) for s in selectors)
     }
     assert admitted == {"sandfleet-actor", "sandfleet-learner", "sandfleet-test-lease"}
-    # Unrestricted by default: any client may reach the gateway port.
+    # Restricted by default too: Pods labelled as sandfleet clients, and the chart's own.
     (default_rule,) = named(render(), "NetworkPolicy", "sandfleet-gateway")["spec"]["ingress"]
-    assert "from" not in default_rule
+    assert {"podSelector": {"matchLabels": {"sandfleet.dev/client": "true"}}} in default_rule["from"]
 
 
 def test_actors_reach_the_gateway_and_the_learner() -> None:

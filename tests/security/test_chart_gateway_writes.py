@@ -1,0 +1,173 @@
+"""The chart on the real apiserver: it installs only into a namespace labelled for Pod Security, and
+the gateway's account can change nothing but the lease marks on sandfleet's sandbox Pods and its own
+run ConfigMaps (RBAC alone lets it patch every Pod and ConfigMap of the namespace)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sandfleet.core import api
+from sandfleet.core.model import pool_from_object
+from sandfleet.core.pods import sandbox_pod
+from tests.support.kube import Kubectl, wait_until
+from tests.unit.helm.chart import CHART, helm_binary
+
+pytestmark = pytest.mark.cluster
+
+PSA_LABELS = {
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
+
+
+def _helm(kubectl: Kubectl, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm_binary()), "--namespace", namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "KUBECONFIG": str(kubectl.kubeconfig)},
+        check=False,
+    )
+
+
+def _install_args(namespace: str) -> list[str]:
+    return ["install", "sandfleet", str(CHART), "--set", f"runtimeClass.name=gvisor-{namespace}"]
+
+
+@pytest.fixture(scope="module")
+def installed(kubectl: Kubectl) -> Iterator[Kubectl]:
+    """The chart in a fresh namespace labelled for Pod Security; uninstalled afterwards."""
+    namespace = f"gw-{uuid.uuid4().hex[:8]}"
+    kubectl("create", "namespace", namespace)
+    try:
+        kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in PSA_LABELS.items()))
+        result = _helm(kubectl, namespace, *_install_args(namespace), "--wait", "--timeout", "180s")
+        assert result.returncode == 0, result.stderr
+        yield kubectl.in_namespace(namespace)
+        _helm(kubectl, namespace, "uninstall", "sandfleet", "--wait", "--timeout", "120s")
+    finally:
+        kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_install_refuses_a_namespace_without_pod_security_labels(kubectl: Kubectl, namespace: str) -> None:
+    result = _helm(kubectl, namespace, *_install_args(namespace), "--dry-run=server")
+    assert result.returncode != 0
+    assert f"kubectl label namespace {namespace} --overwrite" in result.stderr, result.stderr
+    assert "pod-security.kubernetes.io/enforce=baseline" in result.stderr
+    kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in PSA_LABELS.items()))
+    result = _helm(kubectl, namespace, *_install_args(namespace), "--dry-run=server")
+    assert result.returncode == 0, result.stderr
+
+
+def _sandbox(namespace: str) -> dict[str, Any]:
+    body = {
+        "metadata": {"namespace": namespace, "name": "python", "uid": "u-1", "generation": 1},
+        "spec": {
+            "replicas": 1,
+            "regions": [{"name": "us-east1"}],
+            "template": {"image": "sandfleet/sandbox:0.1.0", "runtimeClassName": f"gvisor-{namespace}"},
+        },
+    }
+    pool = pool_from_object(body)
+    pod = sandbox_pod(pool, pool.template, name="python-0a1b2c3d", region="us-east1", zone=None)
+    del pod["metadata"]["ownerReferences"]  # no pool object: the garbage collector would delete it
+    return pod
+
+
+def _as_gateway(kube: Kubectl, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    account = f"system:serviceaccount:{kube.namespace}:sandfleet-gateway"
+    return kube.run(*args, f"--as={account}", stdin=stdin)
+
+
+def _patch(kube: Kubectl, kind: str, name: str, metadata: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    body = json.dumps({"metadata": metadata})
+    return _as_gateway(kube, "patch", kind, name, "--type=merge", "-p", body)
+
+
+def test_gateway_may_mark_leases_on_sandbox_pods(installed: Kubectl) -> None:
+    installed.apply(_sandbox(str(installed.namespace)))
+    lease = {
+        "labels": {api.LEASE_STATE_LABEL: api.LEASE_LEASED, api.RUN_LABEL: "r1"},
+        "annotations": {api.LEASE_ANNOTATION: "{}", api.LEASE_EXPIRES_ANNOTATION: "1.0"},
+    }
+    # A fresh binding reaches the admission chain within a moment: retry the allowed write until then.
+    wait_until(
+        lambda: _patch(installed, "pod", "python-0a1b2c3d", lease).returncode == 0,
+        timeout=30,
+        what="the gateway's lease patch",
+    )
+    release = {"labels": {api.LEASE_STATE_LABEL: api.LEASE_FREE, api.RUN_LABEL: None}}
+    assert _patch(installed, "pod", "python-0a1b2c3d", release).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"labels": {api.POOL_LABEL: "another-pool"}},
+        {"labels": {api.MANAGED_BY_LABEL: None}},
+        {"labels": {api.TEMPLATE_HASH_LABEL: "0000000000"}},
+        {"labels": {"sandfleet.dev/extra": "x"}},
+        {"annotations": {"something.else/entirely": "x"}},
+        {"finalizers": ["example.com/keep"]},
+    ],
+    ids=["pool", "managed-by", "template-hash", "new-label", "other-annotation", "finalizer"],
+)
+def test_gateway_may_not_change_anything_else_on_a_sandbox_pod(
+    installed: Kubectl, metadata: dict[str, Any]
+) -> None:
+    installed.apply(_sandbox(str(installed.namespace)))
+    wait_until(
+        lambda: (
+            _patch(installed, "pod", "python-0a1b2c3d", {"labels": {api.RUN_LABEL: "r2"}}).returncode == 0
+        ),
+        timeout=30,
+        what="the admission policy to be in force (an allowed write passes)",
+    )
+    result = _patch(installed, "pod", "python-0a1b2c3d", metadata)
+    assert result.returncode != 0, f"the gateway's account changed {metadata}"
+    assert "the gateway may change only a sandbox Pod's lease labels" in result.stderr, result.stderr
+
+
+def test_gateway_may_not_touch_other_pods_or_configmaps(installed: Kubectl) -> None:
+    other = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "someone-else", "labels": {"app": "other"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "example.test/app:1",
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                }
+            ]
+        },
+    }
+    installed.apply(other)
+    installed.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-config"}, "data": {}})
+    mine = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sandfleet-run-0123456789abcdef"}}
+    wait_until(
+        lambda: _as_gateway(installed, "apply", "-f", "-", stdin=json.dumps(mine)).returncode == 0,
+        timeout=30,
+        what="the gateway to write its own run ConfigMap",
+    )
+    refused = _patch(installed, "pod", "someone-else", {"labels": {"app": "hijacked"}})
+    assert refused.returncode != 0
+    assert "sandfleet's sandbox Pods only" in refused.stderr, refused.stderr
+    for name in ("app-config", "kube-root-ca.crt"):
+        refused = _patch(installed, "configmap", name, {"labels": {"x": "y"}})
+        assert refused.returncode != 0
+        assert "only its run ConfigMaps" in refused.stderr, refused.stderr
+    created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "not-a-run"}}
+    refused = _as_gateway(installed, "create", "-f", "-", stdin=json.dumps(created))
+    assert refused.returncode != 0
+    assert "only its run ConfigMaps" in refused.stderr, refused.stderr

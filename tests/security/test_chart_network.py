@@ -1,0 +1,116 @@
+"""The chart's network and caller defaults are closed: the gateway and operator reach the apiserver
+only (not 0.0.0.0/0), only chosen Pods reach the gateway, and only tokens minted for it are accepted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.kube import Kubectl
+from tests.unit.helm.chart import (
+    CHART,
+    EVERYTHING,
+    helm_binary,
+    matches,
+    named,
+    objects,
+    pod_templates,
+    render,
+)
+
+APISERVER = "--set=networkPolicy.apiServer.cidrs={10.0.0.1/32}"
+
+
+def _rules(docs: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    found = []
+    for policy in objects(docs, "NetworkPolicy"):
+        for direction in ("ingress", "egress"):
+            for rule in policy["spec"].get(direction) or ():
+                found.append((policy["metadata"]["name"], direction, rule))
+    return found
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        (APISERVER,),
+        ("-f", str(EVERYTHING)),
+        ("--set", "tests.enabled=false", "--set", "networkPolicy.gatewayFrom=null"),
+    ],
+    ids=["offline", "apiserver-set", "everything", "no-clients"],
+)
+def test_no_network_policy_rule_opens_to_everyone(args: tuple[str, ...]) -> None:
+    # A rule without peers, or with 0.0.0.0/0, admits every address: none may, unless values say so.
+    for name, direction, rule in _rules(render(*args)):
+        peers = rule.get("from" if direction == "ingress" else "to")
+        if name.endswith("operator") and direction == "ingress":
+            continue  # metrics and kubelet probes: a port, not a peer (networkPolicy.metricsFrom)
+        assert peers, f"{name}: an {direction} rule without peers admits everyone: {rule}"
+        cidrs = [p["ipBlock"]["cidr"] for p in peers if "ipBlock" in p]
+        assert not {"0.0.0.0/0", "::/0"} & set(cidrs), f"{name} {direction}: {rule}"
+
+
+def test_gateway_and_operator_reach_only_the_apiserver_addresses_given() -> None:
+    docs = render(APISERVER)
+    for name in ("sandfleet-gateway", "sandfleet-operator"):
+        egress = named(docs, "NetworkPolicy", name)["spec"]["egress"]
+        blocks = [p["ipBlock"]["cidr"] for r in egress for p in r["to"] if "ipBlock" in p]
+        assert blocks == ["10.0.0.1/32"], name
+    # Offline (no cluster to look the apiserver up in) nothing is opened rather than everything.
+    for name in ("sandfleet-gateway", "sandfleet-operator"):
+        egress = named(render(), "NetworkPolicy", name)["spec"]["egress"]
+        assert not [p for r in egress for p in r["to"] if "ipBlock" in p], name
+
+
+def test_gateway_admits_only_labelled_clients_and_the_charts_own_pods() -> None:
+    docs = render()
+    (rule,) = named(docs, "NetworkPolicy", "sandfleet-gateway")["spec"]["ingress"]
+    selectors = [p["podSelector"] for p in rule["from"]]
+    assert not [p for p in rule["from"] if set(p) != {"podSelector"}], "peers outside the namespace"
+
+    def admitted(labels: dict[str, str]) -> bool:
+        return any(matches(s, labels) for s in selectors)
+
+    assert admitted({"sandfleet.dev/client": "true", "app": "rollouts"})
+    assert admitted(pod_templates(docs)["sandfleet-test-lease"]["metadata"]["labels"])
+    assert not admitted({"app": "anything-else"})
+    assert not admitted({})
+    # Nobody to admit: no ingress rule at all, never an empty one (which would admit everyone).
+    closed = render("--set", "tests.enabled=false", "--set", "networkPolicy.gatewayFrom=null")
+    assert named(closed, "NetworkPolicy", "sandfleet-gateway")["spec"]["ingress"] == []
+
+
+def test_gateway_accepts_only_tokens_minted_for_it_by_default() -> None:
+    docs = render("--set", "rl.enabled=true")
+    args = named(docs, "Deployment", "sandfleet-gateway")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--token-audience")] == ["--token-audience=sandfleet"]
+    pods = pod_templates(docs)
+    for name in ("sandfleet-actor", "sandfleet-learner", "sandfleet-test-lease"):
+        volumes = pods[name]["spec"]["volumes"]
+        (token,) = [v for v in volumes if v["name"] == "gateway-token"]
+        assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "sandfleet", name
+
+
+@pytest.mark.cluster
+def test_apiserver_egress_defaults_to_the_kubernetes_services_endpoints(kubectl: Kubectl) -> None:
+    """`helm template --dry-run=server` looks the apiserver up in the cluster, as install does."""
+    result = subprocess.run(
+        [str(helm_binary()), "template", "sandfleet", str(CHART), "--dry-run=server",
+         "--set", "podSecurity.checkNamespace=false"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "KUBECONFIG": str(kubectl.kubeconfig)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    endpoints = kubectl.json("get", "endpointslice", "kubernetes", "-n", "default")["endpoints"]
+    expected = sorted(f"{address}/32" for e in endpoints for address in e["addresses"])
+    assert expected
+    for name in ("sandfleet-gateway", "sandfleet-operator"):
+        egress = named(docs, "NetworkPolicy", name)["spec"]["egress"]
+        blocks = sorted(p["ipBlock"]["cidr"] for r in egress for p in r["to"] if "ipBlock" in p)
+        assert blocks == expected, name
