@@ -7,6 +7,15 @@ from sandfleet.core.sandboxes import Sandbox
 KeyOwner = tuple[str, str]  # (holder, idempotency key)
 
 
+def key_owner(holder: str, idempotency_key: str) -> KeyOwner:
+    """Where a lease's key is filed: the pair itself, never a joined string.
+
+    Joined with a separator, tenant `alice/x` with key `y` and tenant `alice` with key `x/y` would be
+    one entry, and one tenant's retry would join (and get the leases of) another tenant's acquire.
+    """
+    return (holder, idempotency_key)
+
+
 class LeaseKeys:
     """Sandboxes by the idempotency key of the lease on them, so a retried acquire is O(1), not a scan."""
 
@@ -19,7 +28,7 @@ class LeaseKeys:
         self.remove(sandbox.key)
         lease = sandbox.lease
         if lease is not None and lease.idempotency_key:
-            owner = (lease.holder, lease.idempotency_key)
+            owner = key_owner(lease.holder, lease.idempotency_key)
             self._by_key.setdefault(owner, {})[sandbox.key] = sandbox
             self._owner[sandbox.key] = owner
 
@@ -38,4 +47,4 @@ class LeaseKeys:
 
     def find(self, holder: str, idempotency_key: str) -> list[Sandbox]:
         """The sandboxes whose current lease was acquired by `holder` with `idempotency_key`."""
-        return list(self._by_key.get((holder, idempotency_key), {}).values())
+        return list(self._by_key.get(key_owner(holder, idempotency_key), {}).values())

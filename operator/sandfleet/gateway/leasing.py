@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sandfleet.core import api
+from sandfleet.core.lease_keys import KeyOwner, key_owner
 from sandfleet.core.leases import Lease, LeaseError, choose_ttl
 from sandfleet.core.model import image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place
@@ -146,7 +147,7 @@ class LeaseService:
         # sandbox key -> resourceVersion a claim lost on: that version is not warm, whatever the
         # index says until the watch brings the newer one.
         self._stale: OrderedDict[str, str] = OrderedDict()
-        self._by_idempotency_key: dict[str, _Shared] = {}
+        self._by_idempotency_key: dict[KeyOwner, _Shared] = {}  # per tenant: see key_owner
         # Sandboxes claimed for callers who went away, until their un-claim lands: never handed to
         # a retry with the same idempotency key in between.
         self._disowned: set[str] = set()
@@ -184,7 +185,7 @@ class LeaseService:
 
     async def _acquire_once(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
         """A retried request with the same idempotency key gets the same leases, never new ones."""
-        key = f"{request.holder}/{request.idempotency_key}"
+        key = key_owner(request.holder, request.idempotency_key or "")
         shared = self._by_idempotency_key.get(key)
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
             earlier = await self._adopt(self._leases_with_key(request.idempotency_key or "", request.holder))
@@ -218,7 +219,7 @@ class LeaseService:
         )
         return [(r, s) for r, s in zip(renewed, written, strict=True) if s is not None]
 
-    def _forget(self, key: str, shared: _Shared, _: object) -> None:
+    def _forget(self, key: KeyOwner, shared: _Shared, _: object) -> None:
         if self._by_idempotency_key.get(key) is shared:
             del self._by_idempotency_key[key]
 
