@@ -66,6 +66,13 @@ def test_install_refuses_a_namespace_without_pod_security_labels(kubectl: Kubect
     kubectl("label", "namespace", namespace, *(f"{k}={v}" for k, v in PSA_LABELS.items()))
     result = _helm(kubectl, namespace, *_install_args(namespace), "--dry-run=server")
     assert result.returncode == 0, result.stderr
+    # Nor may helm make an unlabelled namespace itself.
+    missing = f"{namespace}-new"
+    result = _helm(kubectl, missing, *_install_args(missing), "--create-namespace", "--dry-run=server")
+    assert result.returncode != 0
+    assert f"namespace {missing} does not exist yet: create and label it first" in result.stderr, (
+        result.stderr
+    )
 
 
 def _sandbox(namespace: str) -> dict[str, Any]:

@@ -212,6 +212,11 @@ label a namespace it does not own). Looked up at install and upgrade; offline re
 {{- define "sandfleet.checkNamespace" -}}
 {{- if .Values.podSecurity.checkNamespace -}}
 {{- $ns := lookup "v1" "Namespace" "" .Release.Namespace | default dict -}}
+{{- /* Offline every lookup is empty; online `default` always exists, so a missing namespace means
+  helm is about to create it (--create-namespace) without the labels. */ -}}
+{{- if and (not $ns) (lookup "v1" "Namespace" "" "default") -}}
+{{- fail (printf "namespace %s does not exist yet: create and label it first (kubectl create namespace %s; kubectl label namespace %s pod-security.kubernetes.io/enforce=%s pod-security.kubernetes.io/warn=%s pod-security.kubernetes.io/audit=%s), then install without --create-namespace" .Release.Namespace .Release.Namespace .Release.Namespace .Values.podSecurity.enforce .Values.podSecurity.warn .Values.podSecurity.audit) -}}
+{{- end -}}
 {{- if $ns -}}
 {{- $labels := (($ns.metadata | default dict).labels | default dict) -}}
 {{- $wrong := list -}}
