@@ -43,7 +43,7 @@ def serve(
     from sandfleet.gateway.local import LocalBackend
     from sandfleet.gateway.runs import MemoryPolicyStore
     from sandfleet.gateway.serving import guarded_protocol
-    from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, TenantSettings
+    from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, TenantSettings
     from sandfleet.local.errors import LocalRuntimeError
     from sandfleet.local.runtime import LocalRuntime
     from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc
@@ -82,6 +82,7 @@ def serve(
         start=backend.start,
         stop=backend.stop,
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
+        capacity=CapacitySettings(),  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
         tenancy=tenancy,
     )
     console.print(f"sandfleet: serving pool {pool!r} ({warm} warm) on http://{host}:{port}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -56,3 +57,33 @@ def eta_per_place(refill_rate: float, spinup_seconds: float) -> float:
     if refill_rate > 1e-6:
         return 1.0 / refill_rate
     return spinup_seconds
+
+
+def serve_order(
+    waiters: Iterable[tuple[int, float]], warm: int, overtake_seconds: float
+) -> list[tuple[int, int]]:
+    """Which waiters (FIFO order; each `(missing, waited_seconds)`) get how many of `warm` sandboxes now.
+
+    The rule, bounding head-of-line blocking without starving groups:
+    - waiters are served in arrival order, each one whole, while warm sandboxes last;
+    - a waiter that cannot be served whole yet is passed over (those behind it may overtake it)
+      while it has waited less than `overtake_seconds`;
+    - once it has waited that long it is not overtaken again: it takes what is warm now (a partial
+      claim it keeps) and everything that becomes warm after, until it is whole.
+
+    So a request behind a blocked group waits at most `overtake_seconds` plus the time the group
+    needs to fill, and a group is never overtaken for more than `overtake_seconds`. With
+    `overtake_seconds` 0 this is strict FIFO. Returns `(index, take)` pairs; `take` < `missing`
+    only for the last pair, a group collecting its sandboxes.
+    """
+    turns: list[tuple[int, int]] = []
+    for index, (missing, waited) in enumerate(waiters):
+        if warm <= 0:
+            break
+        if missing <= warm:
+            turns.append((index, missing))
+            warm -= missing
+        elif waited >= overtake_seconds:
+            turns.append((index, warm))
+            break
+    return turns

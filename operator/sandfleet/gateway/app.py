@@ -21,6 +21,8 @@ from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
 from sandfleet.core.policy import PolicyError
 from sandfleet.core.profile import ProfileError, Span
+from sandfleet.core.quotas import CapacityError, QuotaExceeded
+from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import Authenticator, Caller, NotAllowed, Unauthenticated
 from sandfleet.gateway.backend import Backend
 from sandfleet.gateway.disconnect import ClientGone, unless_disconnected
@@ -37,6 +39,7 @@ from sandfleet.gateway.leasing import (
 from sandfleet.gateway.links import add_links
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.models import (
+    AGENT_PROBLEM,
     AcquireRequest,
     AcquireResponse,
     BulkReleaseResponse,
@@ -69,7 +72,7 @@ from sandfleet.gateway.runs import (
     Runs,
     StalePolicy,
 )
-from sandfleet.gateway.settings import TenantSettings
+from sandfleet.gateway.settings import CapacitySettings, TenantSettings
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Runtime:
     stop: Callable[[], Awaitable[None]]
     agent_token: str | None = None
     max_waiting: int = 1000
+    capacity: CapacitySettings | None = None  # quotas and the overtaking rule; defaults when None
     policy_store: PolicyStore | None = None  # memory only when None
     tenancy: TenantSettings | None = None  # run owners, body caps and timeouts; defaults when None
 
@@ -106,7 +110,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         410: "The lease has ended (released or expired).",
         413: "The body is larger than the route accepts (1 MiB for control routes by default).",
         422: "The request is malformed: the detail says which field and why.",
-        429: "The pool's queue is full: retry after Retry-After seconds.",
+        429: "The pool's queue is full, or the caller holds its quota of leases: retry after Retry-After.",
         502: "The sandbox's agent did not answer: the sandbox is lost.",
         503: "The Kubernetes API is unreachable or the gateway is not synced yet.",
         504: "No warm sandbox within wait_seconds: the detail has the queue position and ETA.",
@@ -153,7 +157,13 @@ def create_app(runtime: Runtime) -> FastAPI:
     """The gateway app over one runtime (Kubernetes or local)."""
     tenancy = runtime.tenancy or TenantSettings()
     metrics = GatewayMetrics(metric_runs=tenancy.metric_runs)
-    service = LeaseService(runtime.backend, max_waiting=runtime.max_waiting)
+    capacity = runtime.capacity or CapacitySettings()
+    service = LeaseService(
+        runtime.backend,
+        max_waiting=runtime.max_waiting,
+        quotas=capacity.quotas(),
+        overtake_seconds=capacity.overtake_seconds,
+    )
     proxy = AgentProxy(runtime.agent_token)
     runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics, admins=tenancy.run_admins)
 
@@ -191,8 +201,14 @@ def create_app(runtime: Runtime) -> FastAPI:
         return _problem(422, "invalid_request", "; ".join(parts))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return _problem(error.status_code, "http_error", str(error.detail))
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        if error.status_code != 405:
+            return _problem(error.status_code, "http_error", str(error.detail))
+        allow = allowed_methods(app.router.routes, request.scope)
+        detail = f"{request.method} is not allowed on this path; it accepts {allow}"
+        response = _problem(405, "method_not_allowed", detail)
+        response.headers["Allow"] = allow
+        return response
 
     handlers: dict[type[Exception], tuple[int, str]] = {
         Unauthenticated: (401, "unauthenticated"),
@@ -233,6 +249,14 @@ def create_app(runtime: Runtime) -> FastAPI:
             eta_seconds=round(a.eta_seconds, 3),
             retry_after_seconds=a.retry_after_seconds,
         )
+
+    @app.exception_handler(CapacityError)
+    async def over_capacity(_: Request, error: CapacityError) -> JSONResponse:
+        return _problem(422, error.code, str(error))
+
+    @app.exception_handler(QuotaExceeded)
+    async def over_quota(_: Request, error: QuotaExceeded) -> JSONResponse:
+        return _problem(429, "quota_exceeded", str(error), retry_after_seconds=error.retry_after_seconds)
 
     @app.exception_handler(WaitTimeout)
     async def wait_timeout(_: Request, error: WaitTimeout) -> JSONResponse:
@@ -319,8 +343,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         try:
             # A caller who hangs up leaves the queue, and whatever was claimed for it goes back.
             granted = await unless_disconnected(http, service.acquire(request))
-        except (QueueFull, WaitTimeout, ClientGone) as error:
-            result = {QueueFull: "rejected", WaitTimeout: "timeout"}.get(type(error), "abandoned")
+        except (QueueFull, QuotaExceeded, CapacityError, WaitTimeout, ClientGone) as error:
+            result = "timeout" if isinstance(error, WaitTimeout) else "rejected"
+            result = "abandoned" if isinstance(error, ClientGone) else result
             metrics.acquisitions.labels(pool, "rejected").inc(body.count)
             metrics.lease_wait.labels(pool, result).observe(time.perf_counter() - started)
             raise
@@ -346,10 +371,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     async def prefetch(body: PrefetchRequest, who: Authed) -> PrefetchResponse:
         service.pool(body.pool)
         await runtime.authenticator.authorize(who, body.pool)
-        names = [
-            await runtime.backend.prefetch(body.pool, item.image, item.count, body.ttl_seconds)
-            for item in body.images
-        ]
+        images = [(item.image, item.count) for item in body.images]
+        names = await service.prefetch(body.pool, images, body.ttl_seconds)
         return PrefetchResponse(pool=body.pool, prewarms=names)
 
     @app.get("/v1/leases", tags=["leases"])
@@ -502,4 +525,12 @@ def _agent_responses(method: str, agent_path: str) -> dict[int | str, dict[str, 
         responses[201] = {"description": "The job started: its status (job_id for the job routes)."}
     if method in ("POST", "PUT"):
         responses[413] = {"description": "The body is larger than the agent accepts."}
+    # The agent's own refusals pass through in its shape; the gateway's (no lease, ...) are Problems.
+    either = {"anyOf": [{"$ref": "#/components/schemas/Problem"}, AGENT_PROBLEM]}
+    for status in (400, 403, 404, 413, 422):
+        described = responses.get(status) or ERRORS.get(status) or {"description": "The agent refused."}
+        responses[status] = {
+            "description": described["description"],
+            "content": {"application/json": {"schema": either}},
+        }
     return responses

@@ -21,6 +21,9 @@ class PoolInfo:
     max_ttl_seconds: int
     regions: tuple[str, ...]
     image: str
+    # The most sandboxes (warm, starting and leased) the pool may ever hold: a group or a prefetch
+    # above it can never be served, so it is refused at once.
+    max_sandboxes: int = 100_000
 
 
 class Backend(Protocol):

@@ -50,6 +50,7 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
         max_ttl_seconds=int(lease.get("maxTTLSeconds", 14400)),
         regions=tuple(r["name"] for r in spec.get("regions") or []),
         image=(spec.get("template") or {}).get("image", ""),
+        max_sandboxes=sum(int(r.get("maxSandboxes", 100_000)) for r in spec.get("regions") or []),
     )
 
 

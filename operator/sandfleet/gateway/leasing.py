@@ -7,14 +7,15 @@ import contextlib
 import functools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sandfleet.core import api
 from sandfleet.core.lease_keys import KeyOwner, key_owner
 from sandfleet.core.leases import Lease, LeaseError, choose_ttl
 from sandfleet.core.model import image_key
-from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place
+from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_order
+from sandfleet.core.quotas import Quotas, check_group, check_leases, check_prefetch
 from sandfleet.core.sandboxes import Sandbox
 from sandfleet.core.warm_index import Shelf
 from sandfleet.gateway.backend import Backend, PoolInfo
@@ -127,6 +128,7 @@ class _PoolQueue:
     waiters: deque[_Waiter] = field(default_factory=deque)
     claiming: set[str] = field(default_factory=set)
     refills: RateEstimator = field(default_factory=RateEstimator)
+    wake: asyncio.TimerHandle | None = None  # a dispatch when the head may stop being overtaken
 
 
 class LeaseService:
@@ -138,11 +140,15 @@ class LeaseService:
         clock: Callable[[], float] = time.time,
         max_waiting: int = 1000,
         spinup_seconds: float = 2.0,
+        quotas: Quotas | None = None,
+        overtake_seconds: float = 5.0,
     ) -> None:
         self.backend = backend
         self.clock = clock
         self.max_waiting = max_waiting
         self.spinup_seconds = spinup_seconds
+        self.quotas = quotas or Quotas()
+        self.overtake_seconds = overtake_seconds  # see core.queueing.serve_order
         self._queues: dict[Shelf, _PoolQueue] = {}
         # sandbox key -> resourceVersion a claim lost on: that version is not warm, whatever the
         # index says until the watch brings the newer one.
@@ -153,6 +159,11 @@ class LeaseService:
         self._disowned: set[str] = set()
         self._claims: set[asyncio.Task[None]] = set()  # held so the loop cannot drop them
         self._ready_at: OrderedDict[str, float] = OrderedDict()  # sandbox key -> first seen warm
+        # Per tenant, the sandboxes seen leased to it (a superset: deletions are not announced, so
+        # entries are checked against the backend before a quota is refused) and those it waits for.
+        self._held: dict[str, set[str]] = {}
+        self._holder_of: dict[str, str] = {}
+        self._pending: dict[str, int] = {}
         backend.subscribe(self._on_change)
 
     # -- acquire -------------------------------------------------------------------------------
@@ -177,6 +188,7 @@ class LeaseService:
     async def acquire(self, request: LeaseRequest) -> Granted:
         """Lease `count` sandboxes from the pool, waiting in its FIFO queue if none is warm."""
         pool = self.pool(request.pool)
+        check_group(request.count, pool.name, pool.max_sandboxes, self.quotas)
         ttl = choose_ttl(request.ttl_seconds, pool.default_ttl_seconds, pool.max_ttl_seconds)
         shelf = (pool.name, image_key(request.image or pool.image))
         if request.idempotency_key:
@@ -241,6 +253,61 @@ class LeaseService:
         return found
 
     async def _acquire(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
+        self._check_lease_quota(request.holder, request.count)
+        self._pending[request.holder] = self._pending.get(request.holder, 0) + request.count
+        try:
+            return await self._wait_and_claim(request, shelf, ttl)
+        finally:
+            left = self._pending[request.holder] - request.count
+            if left:
+                self._pending[request.holder] = left
+            else:
+                del self._pending[request.holder]
+
+    def _check_lease_quota(self, holder: str, count: int) -> None:
+        pending = self._pending.get(holder, 0)
+        limit = self.quotas.max_leases_per_tenant
+        if len(self._held.get(holder, ())) + pending + count > limit:
+            check_leases(holder, self._held_now(holder), pending, count, self.quotas)
+
+    def _held_now(self, holder: str) -> int:
+        """The tenant's live leases, exactly: its index entries checked (and pruned) one by one."""
+        now = self.clock()
+        keys = self._held.get(holder, set())
+        for key in list(keys):
+            sandbox = self.backend.sandbox(key)
+            lease = sandbox.lease if sandbox is not None else None
+            if (
+                sandbox is None
+                or lease is None
+                or sandbox.state != api.LEASE_LEASED
+                or lease.holder != holder
+                or lease.expired(now)
+            ):
+                keys.discard(key)
+                self._holder_of.pop(key, None)
+        if not keys:
+            self._held.pop(holder, None)
+        return len(keys)
+
+    def _track_holder(self, sandbox: Sandbox) -> None:
+        lease = sandbox.lease
+        holder = lease.holder if lease is not None and sandbox.state == api.LEASE_LEASED else None
+        known = self._holder_of.get(sandbox.key)
+        if known == holder:
+            return
+        if known is not None:
+            keys = self._held.get(known)
+            if keys is not None:
+                keys.discard(sandbox.key)
+                if not keys:
+                    del self._held[known]
+            del self._holder_of[sandbox.key]
+        if holder is not None:
+            self._held.setdefault(holder, set()).add(sandbox.key)
+            self._holder_of[sandbox.key] = holder
+
+    async def _wait_and_claim(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
         queue = self._queues.setdefault(shelf, _PoolQueue())
         now = self.clock()
         position = len(queue.waiters) + 1
@@ -305,20 +372,48 @@ class LeaseService:
             # while their claim is still in flight, or whose version a claim just lost on.
             return sandbox.key in queue.claiming or self._stale.get(sandbox.key) == sandbox.resource_version
 
-        while queue.waiters and len(warm) >= queue.waiters[0].missing:
-            waiter = queue.waiters[0]
-            chosen = warm.take(waiter.missing, waiter.request.regions, skip)
-            if len(chosen) < waiter.missing:
+        now = self.clock()
+        seen: list[_Waiter] = []
+
+        def needs() -> Iterator[tuple[int, float]]:
+            for waiter in queue.waiters:
+                seen.append(waiter)
+                yield waiter.missing, now - waiter.arrived
+
+        # Who is served now, and who may overtake a group that cannot be: core.queueing's rule.
+        for index, take in serve_order(needs(), len(warm), self.overtake_seconds):
+            waiter = seen[index]
+            chosen = warm.take(take, waiter.request.regions, skip)
+            if len(chosen) < take:
                 for sandbox in chosen:
                     warm.put(sandbox)
-                break  # strict FIFO: a group at the head is not overtaken by smaller requests
-            queue.waiters.popleft()
+                break  # some are mid-claim or stale: the next change dispatches again
+            queue.waiters.remove(waiter)
             for sandbox in chosen:
                 queue.claiming.add(sandbox.key)
             waiter.in_flight = chosen
             task = asyncio.ensure_future(self._claim_for(queue, waiter, chosen))
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
+        self._wake_when_due(shelf, queue, now)
+
+    def _wake_when_due(self, shelf: Shelf, queue: _PoolQueue, now: float) -> None:
+        """Dispatch again when the oldest waiter reaches the overtaking bound.
+
+        No sandbox may change at that moment, yet from then on it collects what is warm: without
+        this wake-up a group passed over while young would wait for the next change, maybe forever.
+        """
+        if not queue.waiters or queue.wake is not None:
+            return
+        due = self.overtake_seconds - (now - queue.waiters[0].arrived)
+        if due >= 0:
+            queue.wake = asyncio.get_running_loop().call_later(due + 0.01, self._wake, shelf)
+
+    def _wake(self, shelf: Shelf) -> None:
+        queue = self._queues.get(shelf)
+        if queue is not None:
+            queue.wake = None
+            self._dispatch(shelf)
 
     async def _claim_for(self, queue: _PoolQueue, waiter: _Waiter, chosen: list[Sandbox]) -> None:
         started = time.monotonic()
@@ -338,6 +433,7 @@ class LeaseService:
         for sandbox, lease, result in zip(chosen, attempts, results, strict=True):
             if isinstance(result, Sandbox):
                 waiter.got.append((lease, result))
+                self._track_holder(result)
                 continue
             self._disowned.discard(sandbox.key)
             if result is None:
@@ -420,6 +516,7 @@ class LeaseService:
             await self.backend.unclaim(sandbox)
 
     def _on_change(self, sandbox: Sandbox) -> None:
+        self._track_holder(sandbox)
         if self._stale.get(sandbox.key, sandbox.resource_version) != sandbox.resource_version:
             del self._stale[sandbox.key]  # the version a claim lost on has been superseded
         if sandbox.warm:
@@ -432,6 +529,12 @@ class LeaseService:
             if queue is not None:
                 queue.refills.observe(self.clock())
                 self._dispatch(shelf)
+
+    async def prefetch(self, pool: str, images: list[tuple[str, int]], ttl_seconds: int) -> list[str]:
+        """Ask the runtime to warm `images` ((image, count) pairs) ahead, within quota and capacity."""
+        info = self.pool(pool)
+        check_prefetch([count for _, count in images], info.name, info.max_sandboxes, self.quotas)
+        return [await self.backend.prefetch(info.name, image, count, ttl_seconds) for image, count in images]
 
     def waiting(self, pool: str) -> int:
         return sum(len(q.waiters) for (name, _), q in self._queues.items() if name == pool)

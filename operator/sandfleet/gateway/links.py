@@ -1,7 +1,8 @@
 """OpenAPI links: how a lease id (and a job id) flow from the responses that create them into later calls.
 
-Clients and generated tests (schemathesis's stateful phase) follow them to chain acquire -> exec,
-files, renew -> release, instead of guessing ids that never existed.
+Clients and generated tests (schemathesis's stateful phase) follow them to chain list pools ->
+acquire -> exec, files, renew -> release, instead of guessing pool names and lease ids that never
+existed: the acquire link names a pool the gateway listed, so the chain gets a real lease.
 """
 
 from __future__ import annotations
@@ -10,6 +11,13 @@ from typing import Any
 
 LEASES = "/v1/leases"
 LEASE_ID = "$response.body#/leases/0/id"
+POOLS = "/v1/pools"
+# A short wait: a chain that finds no warm sandbox moves on instead of blocking the run.
+ACQUIRE_FROM_POOLS = {
+    "pool": "$response.body#/pools/0/name",
+    "count": 1,
+    "wait_seconds": 1,
+}
 
 
 def add_links(schema: dict[str, Any]) -> dict[str, Any]:
@@ -35,9 +43,19 @@ def add_links(schema: dict[str, Any]) -> dict[str, Any]:
                     "operationId": operation_id,
                     "parameters": {"path.lease_id": LEASE_ID},
                 }
-    acquire = paths.get(LEASES, {}).get("post", {}).get("responses", {}).get("201")
-    if acquire is not None:
-        acquire["links"] = lease_links
+    acquire = paths.get(LEASES, {}).get("post", {})
+    granted = acquire.get("responses", {}).get("201")
+    if granted is not None:
+        granted["links"] = lease_links
+    pools = paths.get(POOLS, {}).get("get", {}).get("responses", {}).get("200")
+    if pools is not None and acquire.get("operationId"):
+        pools["links"] = {
+            acquire["operationId"]: {
+                "operationId": acquire["operationId"],
+                "requestBody": ACQUIRE_FROM_POOLS,
+                "x-schemathesis": {"merge_body": False},
+            }
+        }
     start_job = paths.get(f"{LEASES}/{{lease_id}}/jobs", {}).get("post", {}).get("responses", {})
     if job_links and start_job:
         start_job.setdefault("201", {"description": "The job started: its status."})["links"] = job_links

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "local"
 REGION = "local"
 ENDED_MEMORY = 10_000  # ended leases remembered, so late calls get 410 rather than 404
+MAX_SANDBOXES = 64  # the most a local pool is ever warmed to (by --warm or a prefetch)
 
 
 class LocalBackend:
@@ -45,12 +46,15 @@ class LocalBackend:
         default_ttl_seconds: int = 900,
         max_ttl_seconds: int = 14400,
         clock: Callable[[], float] = time.time,
+        max_sandboxes: int = MAX_SANDBOXES,
     ) -> None:
         self.runtime = runtime
-        self.info = PoolInfo(NAMESPACE, pool_name, default_ttl_seconds, max_ttl_seconds, (REGION,), image)
+        self.info = PoolInfo(
+            NAMESPACE, pool_name, default_ttl_seconds, max_ttl_seconds, (REGION,), image, max_sandboxes
+        )
         self.base_warm = warm
         self.clock = clock
-        self.warm_pool = WarmPool(runtime, warm, on_ready=self._on_ready)
+        self.warm_pool = WarmPool(runtime, warm, on_ready=self._on_ready, on_retire=self._on_retired)
         self._sandboxes: dict[str, Sandbox] = {}
         self._local: dict[str, LocalSandbox] = {}
         self._ended: OrderedDict[str, Sandbox] = OrderedDict()
@@ -153,7 +157,7 @@ class LocalBackend:
             raise LeaseError(
                 f"the local runtime runs one image ({self.info.image}); build task images into it"
             )
-        self.warm_pool.resize(max(self.base_warm, count))
+        self.warm_pool.resize(min(max(self.base_warm, count), self.info.max_sandboxes))
         if self._prefetch_reset is not None:
             self._prefetch_reset.cancel()
         self._prefetch_reset = asyncio.get_running_loop().call_later(
@@ -185,6 +189,15 @@ class LocalBackend:
                 image_key=image_key(self.info.image),
             )
         )
+
+    def _on_retired(self, local: LocalSandbox) -> None:
+        """The warm pool shrank and destroyed this ready sandbox: it is neither warm nor leasable."""
+        key = f"{NAMESPACE}.{local.id}"
+        current = self._sandboxes.pop(key, None)
+        self._local.pop(key, None)
+        if current is not None:
+            self._warm.remove(current)
+            self._lease_keys.remove(key)
 
     def _store(self, sandbox: Sandbox) -> Sandbox:
         stored = replace(sandbox, resource_version=str(next(self._versions)))

@@ -10,7 +10,7 @@ from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
 from sandfleet.gateway.serving import guarded_protocol
-from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, GatewaySettings, TenantSettings
+from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, GatewaySettings, TenantSettings
 
 
 def kube_app(settings: GatewaySettings) -> FastAPI:
@@ -38,6 +38,7 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
         agent_token=agent_token,
         max_waiting=settings.max_waiting,
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.core),
+        capacity=CapacitySettings(),
         tenancy=tenancy,
     )
     return create_app(runtime)

@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from sandfleet.core.leases import Lease
 from sandfleet.core.sandboxes import Sandbox
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Image references are printable ASCII without spaces (and the same in JSON Schema and Python
+# regexes, which disagree on what `\S` excludes).
+IMAGE = r"^[!-~]+$"
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# "A pool, an image, or both", in the schema too, so a client (or a generated test) knows `{}` is
+# refused: each branch requires its field with a non-null value.
+POOL_OR_IMAGE: JsonDict = {
+    "anyOf": [
+        {"required": ["pool"], "properties": {"pool": {"type": "string"}}},
+        {"required": ["image"], "properties": {"image": {"type": "string"}}},
+    ]
+}
+
+
 class AcquireRequest(Strict):
     """Lease one sandbox (or `count`, all or nothing) from a pool, or by task image."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=POOL_OR_IMAGE)
 
     pool: str | None = Field(
         None, min_length=1, max_length=253, pattern=NAME, description="SandboxPool name."
@@ -24,7 +42,7 @@ class AcquireRequest(Strict):
         None,
         min_length=1,
         max_length=512,
-        pattern=r"^\S+$",
+        pattern=IMAGE,
         description="Task image (pre-warmed with /v1/prefetch); the pool's own image when omitted.",
     )
     count: int = Field(1, ge=1, le=256, description="Sandboxes to lease at once (a GRPO group).")
@@ -47,9 +65,15 @@ class AcquireRequest(Strict):
         30.0, ge=0, le=600, description="How long to wait in the pool's queue for a sandbox."
     )
 
+    @model_validator(mode="after")
+    def pool_or_image(self) -> Self:
+        if self.pool is None and self.image is None:
+            raise ValueError("give a pool, an image, or both (GET /v1/pools lists the pools)")
+        return self
+
 
 class PrefetchImage(Strict):
-    image: str = Field(min_length=1, max_length=512, pattern=r"^\S+$")
+    image: str = Field(min_length=1, max_length=512, pattern=IMAGE)
     count: int = Field(ge=0, le=10000, description="Warm sandboxes of this image to keep.")
 
 
@@ -158,3 +182,21 @@ class Problem(BaseModel):
     queue_position: int | None = None
     eta_seconds: float | None = None
     retry_after_seconds: int | None = None
+
+
+# An error from the sandbox's agent, passed through the data plane as the agent sent it.
+AGENT_PROBLEM: JsonDict = {
+    "title": "AgentProblem",
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string", "description": "The agent's stable machine-readable code."},
+                "message": {"type": "string", "description": "What the agent refused and why."},
+            },
+        }
+    },
+}

@@ -36,6 +36,7 @@ class WarmPool:
         spec: SandboxSpec | None = None,
         max_parallel_creates: int = 2,
         on_ready: Callable[[Sandbox], None] | None = None,
+        on_retire: Callable[[Sandbox], None] | None = None,
     ) -> None:
         if size < 0:
             raise ValueError("pool size must not be negative")
@@ -44,6 +45,7 @@ class WarmPool:
         self.size = size
         self.max_parallel_creates = max_parallel_creates
         self.on_ready = on_ready  # told of each sandbox as it joins the ready set
+        self.on_retire = on_retire  # told of each ready sandbox destroyed because the pool shrank
         self.failures = 0
         self._ready: deque[Sandbox] = deque()
         self._creating: set[asyncio.Task[None]] = set()
@@ -141,7 +143,11 @@ class WarmPool:
             task = asyncio.get_running_loop().create_task(self._create_one())
             self._creating.add(task)
         for _ in range(step.retire):
-            self.runtime.release(self._ready.pop())
+            retired = self._ready.pop()
+            # Whoever was told it is ready must hear it is gone, or it keeps counting it as warm.
+            if self.on_retire is not None:
+                self.on_retire(retired)
+            self.runtime.release(retired)
 
     async def _create_one(self) -> None:
         task = asyncio.current_task()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.queueing import RateEstimator, admit, eta_per_place
+from sandfleet.core.queueing import RateEstimator, admit, eta_per_place, serve_order
 
 
 def test_admits_until_full_then_says_when_to_retry() -> None:
@@ -44,3 +44,59 @@ def test_rate_converges_to_the_event_rate_and_decays_when_idle() -> None:
 def test_eta_per_place_uses_the_refill_rate_or_one_spinup() -> None:
     assert eta_per_place(refill_rate=4.0, spinup_seconds=2.0) == 0.25
     assert eta_per_place(refill_rate=0.0, spinup_seconds=2.0) == 2.0
+
+
+# -- head-of-line blocking: who may overtake a request that cannot be served yet ---------------
+
+needs = st.lists(st.tuples(st.integers(1, 20), st.floats(0, 100, allow_nan=False)), max_size=30)
+
+
+def test_a_young_blocked_group_is_overtaken_by_a_single() -> None:
+    assert serve_order([(8, 1.0), (1, 0.5)], warm=1, overtake_seconds=5) == [(1, 1)]
+
+
+def test_an_old_blocked_group_collects_what_is_warm_and_blocks_those_behind() -> None:
+    assert serve_order([(8, 6.0), (1, 0.5)], warm=3, overtake_seconds=5) == [(0, 3)]
+
+
+def test_zero_overtake_is_strict_fifo() -> None:
+    assert serve_order([(1, 0.0), (4, 0.0), (1, 0.0)], warm=3, overtake_seconds=0) == [(0, 1), (1, 2)]
+
+
+@given(needs, st.integers(0, 60), st.floats(0, 50, allow_nan=False))
+def test_serve_order_never_hands_out_more_than_is_warm(
+    waiters: list[tuple[int, float]], warm: int, overtake: float
+) -> None:
+    turns = serve_order(waiters, warm, overtake)
+    assert sum(take for _, take in turns) <= warm
+    assert [i for i, _ in turns] == sorted({i for i, _ in turns})  # each at most once, in order
+    for index, take in turns[:-1]:
+        assert take == waiters[index][0]  # only the last turn may be partial
+    assert all(0 < take <= waiters[index][0] for index, take in turns)
+
+
+@given(needs, st.integers(0, 60), st.floats(0, 50, allow_nan=False))
+def test_nobody_overtakes_a_request_that_has_waited_the_bound(
+    waiters: list[tuple[int, float]], warm: int, overtake: float
+) -> None:
+    turns = serve_order(waiters, warm, overtake)
+    served = {index: take for index, take in turns}
+    for later in served:
+        for earlier in range(later):
+            missing, waited = waiters[earlier]
+            if served.get(earlier) != missing:  # earlier was passed over or is only collecting
+                assert waited < overtake
+
+
+@given(needs, st.integers(0, 60), st.floats(0, 50, allow_nan=False))
+def test_serve_order_leaves_nothing_warm_that_someone_could_take(
+    waiters: list[tuple[int, float]], warm: int, overtake: float
+) -> None:
+    turns = serve_order(waiters, warm, overtake)
+    left = warm - sum(take for _, take in turns)
+    if left == 0 or (turns and turns[-1][1] < waiters[turns[-1][0]][0]):
+        return  # all handed out, or an old group is collecting every refill
+    served = {index for index, _ in turns}
+    for index, (missing, _) in enumerate(waiters):
+        if index not in served:
+            assert missing > left  # nobody waiting could have been served with what is left

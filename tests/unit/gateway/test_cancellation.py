@@ -103,7 +103,8 @@ async def test_cancelled_after_a_partial_group_claim_returns_what_it_got() -> No
 async def test_a_cancelled_group_at_the_head_lets_the_next_caller_through() -> None:
     backend = MemoryBackend()
     backend.add("s0")
-    service = LeaseService(backend)
+    # Never overtaken: the group collects s0 at once and holds it while it waits for two more.
+    service = LeaseService(backend, overtake_seconds=0)
     group = asyncio.create_task(service.acquire(request(count=3, wait_seconds=5)))
     await asyncio.sleep(0.01)
     single = asyncio.create_task(service.acquire(request(wait_seconds=5)))

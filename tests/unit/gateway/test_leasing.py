@@ -13,6 +13,7 @@ from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import Lease
 from sandfleet.core.model import image_key
+from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
 from sandfleet.core.sandboxes import Sandbox
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
@@ -158,18 +159,45 @@ async def test_waiters_are_served_first_come_first_served() -> None:
     assert [r.position for r in results] == [0, 1, 2]
 
 
-async def test_a_group_is_all_or_nothing_and_is_not_overtaken() -> None:
+async def test_a_single_overtakes_a_group_that_cannot_be_served_yet() -> None:
     backend = MemoryBackend()
     backend.add("s0")
-    service = LeaseService(backend)
+    service = LeaseService(backend, overtake_seconds=60)
     group = asyncio.create_task(service.acquire(request(count=3, wait_seconds=0.3)))
     await asyncio.sleep(0.01)
-    single = asyncio.create_task(service.acquire(request(wait_seconds=0.1)))
-    with pytest.raises(WaitTimeout):
-        await single  # strict FIFO: the single waits behind the group even though s0 is free
+    single = await asyncio.wait_for(service.acquire(request(wait_seconds=0.1)), 1)
+    assert single.leases[0][0].id == "ns.s0"
+    assert single.position == 1  # it arrived behind the group, and was served past it
     with pytest.raises(WaitTimeout):
         await group
-    assert backend.items["ns.s0"].state == api.LEASE_FREE
+
+
+async def test_a_group_that_waited_long_enough_is_not_overtaken_and_stays_all_or_nothing() -> None:
+    backend = MemoryBackend()
+    service = LeaseService(backend, overtake_seconds=0.05)
+    group = asyncio.create_task(service.acquire(request(count=3, wait_seconds=0.4)))
+    await asyncio.sleep(0.1)  # past the overtaking bound
+    single = asyncio.create_task(service.acquire(request(wait_seconds=0.2)))
+    await asyncio.sleep(0.01)
+    backend.add("s0")  # goes to the group (a partial claim it keeps), not to the single
+    with pytest.raises(WaitTimeout):
+        await single
+    assert backend.items["ns.s0"].state == api.LEASE_LEASED
+    with pytest.raises(WaitTimeout):
+        await group
+    await asyncio.sleep(0.05)
+    assert backend.items["ns.s0"].state == api.LEASE_FREE  # all or nothing: given back
+
+
+async def test_a_group_collects_refills_until_whole() -> None:
+    backend = MemoryBackend()
+    service = LeaseService(backend, overtake_seconds=0)
+    group = asyncio.create_task(service.acquire(request(count=3, wait_seconds=2)))
+    for name in ("s0", "s1", "s2"):
+        await asyncio.sleep(0.02)
+        backend.add(name)  # one refill at a time: never three warm at once
+    granted = await asyncio.wait_for(group, 1)
+    assert sorted(lease.id for lease, _ in granted.leases) == ["ns.s0", "ns.s1", "ns.s2"]
 
 
 async def test_queue_full_and_preferred_region() -> None:
@@ -224,3 +252,48 @@ async def test_idempotency_key_gives_the_same_lease_to_concurrent_retries() -> N
     later = await service.acquire(request(idempotency_key="k"))
     assert a.leases[0][0].id == b.leases[0][0].id == later.leases[0][0].id
     assert sum(s.state == api.LEASE_LEASED for s in backend.items.values()) == 1
+
+
+async def test_a_tenant_holds_at_most_its_lease_quota_counting_what_it_waits_for() -> None:
+    backend = MemoryBackend()
+    for name in ("s0", "s1", "s2", "s3"):
+        backend.add(name)
+    service = LeaseService(backend, quotas=Quotas(max_leases_per_tenant=2))
+    first = await service.acquire(request())
+    waiting = asyncio.create_task(service.acquire(request(image="other", wait_seconds=1)))
+    await asyncio.sleep(0.01)
+    with pytest.raises(QuotaExceeded, match="holds 1 leases and is acquiring 1"):
+        await service.acquire(request())  # one held, one waited for: the quota of 2 is spent
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    second = await service.acquire(request())
+    other = await service.acquire(replace(request(), holder="bob"))  # quotas are per tenant
+    assert other.leases
+    await service.release(first.leases[0][0].id, "actor")  # released: room again
+    await service.acquire(request())
+    assert {lease.id for lease, _ in second.leases}.isdisjoint(lease.id for lease, _ in first.leases)
+
+
+async def test_a_group_the_pool_can_never_hold_is_refused_at_once() -> None:
+    backend = MemoryBackend()
+    small = replace(POOL, max_sandboxes=4)
+    backend.pool = lambda name: small if name == "python" else None  # type: ignore[method-assign]
+    service = LeaseService(backend)
+    with pytest.raises(CapacityError, match="holds at most 4"):
+        await asyncio.wait_for(service.acquire(request(count=5, wait_seconds=30)), 0.5)
+    assert service.waiting("python") == 0
+
+
+async def test_a_group_passed_over_while_young_collects_once_due_without_any_change() -> None:
+    backend = MemoryBackend()
+    backend.add("s0")
+    backend.add("s1")
+    service = LeaseService(backend, overtake_seconds=0.1)
+    group = asyncio.create_task(service.acquire(request(count=3, wait_seconds=2)))
+    await asyncio.sleep(0.02)
+    assert backend.items["ns.s0"].state == api.LEASE_FREE  # young: overtakable, it took nothing
+    await asyncio.sleep(0.2)  # due, though no sandbox changed: it has collected both
+    assert {backend.items[k].state for k in ("ns.s0", "ns.s1")} == {api.LEASE_LEASED}
+    backend.add("s2")
+    granted = await asyncio.wait_for(group, 1)
+    assert len(granted.leases) == 3
