@@ -21,7 +21,7 @@ __all__ = ["tenant_gateway"]
 
 def drain(client: httpx.Client) -> list[str]:
     """Lease every warm sandbox (so the next acquire waits for a refill); their ids."""
-    taken = []
+    taken: list[str] = []
     while True:
         response = client.post("/v1/leases", json={"pool": "python", "wait_seconds": 0})
         if response.status_code != 201:
