@@ -4,6 +4,10 @@ Each sandbox gets a slot (a number claimed with an O_EXCL file, so several runti
 never collide) that names its namespace (`sandfleet-<slot>`) and host veth (`sfl<slot>`) and picks
 its addresses. The firewall lets the host open connections to sandboxes but drops every
 connection a sandbox opens to the host or, through it, to another sandbox.
+
+Sandboxes have no IPv6 at all: it is disabled in the namespace before the veth exists and on the
+host end before it comes up (so neither end ever gets a link-local address), and ip6tables drops
+whatever IPv6 could still arrive from or leave towards a sandbox veth.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ NETNS_PREFIX = "sandfleet-"
 VETH_PREFIX = "sfl"
 INPUT_CHAIN = "SANDFLEET-INPUT"
 FORWARD_CHAIN = "SANDFLEET-FORWARD"
+NO_IPV6_SYSCTLS = ("net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 
 
 def netns_name(slot: int) -> str:
@@ -91,15 +96,19 @@ async def create_network(slot: int, addresses: SlotAddresses) -> None:
     namespace, veth = netns_name(slot), veth_name(slot)
     prefix = addresses.prefix_length
     await delete_network(slot)
+    await run_command(["ip", "netns", "add", namespace])
+    # Interfaces created in the namespace from now on (its eth0) start with IPv6 disabled.
+    await run_command(["ip", "netns", "exec", namespace, "sysctl", "-q", "-w", *NO_IPV6_SYSCTLS])
     host_side = "\n".join(
         [
-            f"netns add {namespace}",
             f"link add {veth} type veth peer name eth0 netns {namespace}",
             f"addr add {addresses.host}/{prefix} dev {veth}",
-            f"link set {veth} up",
         ]
     )
     await run_command(["ip", "-batch", "-"], input_text=host_side + "\n")
+    # Before the link comes up, so the host end never gets a link-local address a sandbox could reach.
+    _disable_host_ipv6(veth)
+    await run_command(["ip", "link", "set", veth, "up"])
     inside = "\n".join(
         [
             f"addr add {addresses.sandbox}/{prefix} dev eth0",
@@ -140,6 +149,17 @@ async def _remove_exceptions(slot: int) -> None:
             await run_command(["iptables", "-w", "-D", *shlex.split(line)[1:]], check=False)
 
 
+def _disable_host_ipv6(veth: str) -> None:
+    path = Path("/proc/sys/net/ipv6/conf") / veth / "disable_ipv6"
+    try:
+        # A write to procfs does not block the event loop.
+        path.write_text("1\n")
+    except FileNotFoundError:
+        return  # the host has no IPv6 at all
+    except OSError as error:
+        raise LocalRuntimeError(f"cannot disable IPv6 on {veth} ({path}): {error.strerror}") from None
+
+
 def netns_path(slot: int) -> str:
     """Where `ip netns` bind-mounts the slot's namespace."""
     return f"/run/netns/{netns_name(slot)}"
@@ -170,3 +190,22 @@ async def install_firewall() -> None:
     for builtin, rule in jumps:
         if (await run_command(["iptables", "-w", "-C", builtin, *rule], check=False)).returncode != 0:
             await run_command(["iptables", "-w", "-I", builtin, "1", *rule])
+    await _install_ipv6_firewall()
+
+
+async def _install_ipv6_firewall() -> None:
+    """Drop all IPv6 from and to sandbox veths (defence in depth: they have IPv6 disabled)."""
+    match = f"{VETH_PREFIX}+"
+    for chain in (INPUT_CHAIN, FORWARD_CHAIN):
+        await run_command(["ip6tables", "-w", "-N", chain], check=False)
+        if (await run_command(["ip6tables", "-w", "-C", chain, "-j", "DROP"], check=False)).returncode != 0:
+            await run_command(["ip6tables", "-w", "-A", chain, "-j", "DROP"])
+    jumps = [
+        ("INPUT", ["-i", match, "-j", INPUT_CHAIN]),
+        ("OUTPUT", ["-o", match, "-j", INPUT_CHAIN]),
+        ("FORWARD", ["-i", match, "-j", FORWARD_CHAIN]),
+        ("FORWARD", ["-o", match, "-j", FORWARD_CHAIN]),
+    ]
+    for builtin, rule in jumps:
+        if (await run_command(["ip6tables", "-w", "-C", builtin, *rule], check=False)).returncode != 0:
+            await run_command(["ip6tables", "-w", "-I", builtin, "1", *rule])

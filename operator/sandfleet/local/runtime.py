@@ -5,6 +5,10 @@ its own in-memory overlay, runs in its own network namespace with its own addres
 its memory, CPU and process limits by cgroups. Destruction can run off the critical path; on start,
 debris from crashed runtimes is removed. A set-up sandbox can be checkpointed into a golden
 snapshot, and new sandboxes restored from it instead of booted.
+
+Every agent requires its own bearer token, derived from the runtime's fleet key; a sandbox's
+stdout and stderr go to a pipe of which the runtime keeps only a bounded tail (nothing a sandbox
+writes lands on the host disk), and the pipe's end tells the runtime that a sandbox died.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +30,7 @@ from types import TracebackType
 import httpx
 
 from sandfleet.core.addressing import DEFAULT_SUBNET
+from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token, new_fleet_key
 from sandfleet.core.api import DEFAULT_AGENT_PORT
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.local import hoststate, network
@@ -39,6 +44,11 @@ log = logging.getLogger(__name__)
 DEFAULT_STATE_DIR = Path("/run/sandfleet")
 READY_POLL_S = 0.005
 READY_ATTEMPT_TIMEOUT_S = 1.0
+# What the host keeps of a sandbox's stdout/stderr: a tail in memory, for diagnostics only.
+OUTPUT_TAIL_BYTES = 64 * 1024
+# How fast the host drains that pipe; past it the pipe fills and the sandbox's own writer blocks,
+# so a sandbox flooding its stderr spends its own time, not the gateway's.
+OUTPUT_DRAIN_BYTES_PER_S = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,11 +71,17 @@ class Sandbox:
     bundle: Path
     limits: SandboxLimits
     timings: dict[str, float] = field(default_factory=dict)
+    token: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
         """The agent's base URL, on the sandbox's own address."""
         return f"http://{self.address}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client of this sandbox's agent must send (its bearer token)."""
+        return {"Authorization": f"Bearer {self.token}"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,8 @@ class Snapshot:
     spec: SandboxSpec
     source: str
     seconds: float
+    # A restored agent keeps the environment it was checkpointed with, so its token too.
+    token: str = field(default="", repr=False)
 
 
 class LocalRuntime:
@@ -91,6 +109,7 @@ class LocalRuntime:
         agent_port: int = DEFAULT_AGENT_PORT,
         ready_timeout_s: float = 30.0,
         debug_log_dir: Path | None = None,
+        fleet_key: bytes | None = None,
     ) -> None:
         self.image = image
         self.runsc = runsc
@@ -98,6 +117,10 @@ class LocalRuntime:
         self.agent_port = agent_port
         self.ready_timeout_s = ready_timeout_s
         self.debug_log_dir = debug_log_dir
+        # Only whoever holds this key (this runtime, and the gateway it is given to) can reach agents.
+        self.fleet_key = fleet_key or new_fleet_key()
+        # Told (on the event loop) of each sandbox that died without being released.
+        self.loss_listeners: list[Callable[[Sandbox], None]] = []
         self.instance_id = secrets.token_hex(4)
         self.instance_dir = state_dir / "instances" / self.instance_id
         self.runsc_root = self.instance_dir / "runsc"
@@ -111,6 +134,8 @@ class LocalRuntime:
         self._counter = itertools.count(1)
         self._pending_destroys: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
+        self._outputs: dict[str, _OutputTail] = {}
+        self._expected_exits: set[str] = set()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -202,6 +227,8 @@ class LocalRuntime:
         argv = [str(self.runsc), f"--root={self.runsc_root}", "checkpoint", f"--image-path={path}"]
         if keep_running:
             argv.append("--leave-running")
+        else:
+            self._expected_exits.add(sandbox.id)  # checkpoint stops it: not a loss
         try:
             await run_command([*argv, sandbox.id], timeout_s=300)
         except (CommandError, LocalRuntimeError) as error:
@@ -212,6 +239,7 @@ class LocalRuntime:
             spec=self._specs.get(sandbox.id, SandboxSpec()),
             source=sandbox.id,
             seconds=time.monotonic() - started,
+            token=sandbox.token,
         )
         if not keep_running:
             self.release(sandbox)
@@ -232,6 +260,7 @@ class LocalRuntime:
             port=self.agent_port,
             bundle=bundle,
             limits=spec.limits,
+            token=_token_for(self.fleet_key, sandbox_id, spec, snapshot),
         )
         self.sandboxes[sandbox_id] = sandbox
         self._specs[sandbox_id] = spec
@@ -265,6 +294,7 @@ class LocalRuntime:
         """Destroy a sandbox in the background (teardown stays off the caller's critical path)."""
         self.sandboxes.pop(sandbox.id, None)
         self._specs.pop(sandbox.id, None)
+        self._expected_exits.add(sandbox.id)
         task = asyncio.get_running_loop().create_task(self._destroy(sandbox), name=f"destroy {sandbox.id}")
         self._pending_destroys.add(task)
         task.add_done_callback(self._pending_destroys.discard)
@@ -286,17 +316,30 @@ class LocalRuntime:
         await network.delete_network(sandbox.slot)
         self.slots.free(sandbox.slot)
         shutil.rmtree(sandbox.bundle, ignore_errors=True)
+        output = self._outputs.pop(sandbox.id, None)
+        if output is not None:
+            output.close()
+        self._expected_exits.discard(sandbox.id)
 
     async def _runsc_start(self, sandbox: Sandbox, command: list[str]) -> None:
         argv = [str(self.runsc), *self._runsc_flags(), *command, sandbox.id]
-        # The sandbox inherits this file as the agent's stdout and stderr.
-        agent_log = _open_log(sandbox.bundle / "agent.log")
+        # The sandbox inherits the pipe's write end as the agent's stdout and stderr: what it
+        # writes stays in memory (a bounded tail), never on the host disk.
+        read_end, write_end = os.pipe()
+        output = _OutputTail(read_end, lambda: self._sandbox_exited(sandbox))
+        self._outputs[sandbox.id] = output
         try:
+            # Its own session: a Ctrl-C aimed at the process that owns the runtime must not reach
+            # the sandbox's processes; the runtime tears them down itself, in order.
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=agent_log, stderr=agent_log
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=write_end,
+                start_new_session=True,
             )
         finally:
-            os.close(agent_log)
+            os.close(write_end)
         try:
             code = await asyncio.wait_for(proc.wait(), 60)
         except BaseException:
@@ -339,19 +382,35 @@ class LocalRuntime:
             f"agent log: {self._log_tail(sandbox)}"
         )
 
-    @staticmethod
-    def _log_tail(sandbox: Sandbox) -> str:
-        try:
-            return (sandbox.bundle / "agent.log").read_text(errors="replace")[-2000:].strip() or "(empty)"
-        except OSError:
+    def _log_tail(self, sandbox: Sandbox) -> str:
+        output = self._outputs.get(sandbox.id)
+        if output is None:
             return "(no log)"
+        return output.text()[-2000:].strip() or "(empty)"
+
+    def output_tail(self, sandbox: Sandbox) -> bytes:
+        """The last OUTPUT_TAIL_BYTES the sandbox's agent wrote to stdout and stderr."""
+        output = self._outputs.get(sandbox.id)
+        return output.tail() if output is not None else b""
+
+    def _sandbox_exited(self, sandbox: Sandbox) -> None:
+        # Every holder of the pipe's write end (the sandbox and gofer processes) is gone.
+        if sandbox.id in self._expected_exits or self.sandboxes.get(sandbox.id) is not sandbox:
+            return
+        log.warning("sandbox %s died; agent output: %s", sandbox.id, self._log_tail(sandbox))
+        for listener in list(self.loss_listeners):
+            listener(sandbox)
 
     def _oci_spec(self, sandbox: Sandbox, spec: SandboxSpec) -> dict[str, object]:
         assert self._config is not None
         config = self._config
         limits = spec.limits
         quota, period = limits.cpu_quota()
-        env = [*config.env, *(f"{key}={value}" for key, value in spec.env.items())]
+        env = [
+            *config.env,
+            *(f"{key}={value}" for key, value in spec.env.items() if key != AGENT_TOKEN_ENV),
+            f"{AGENT_TOKEN_ENV}={sandbox.token}",
+        ]
         return {
             "ociVersion": "1.0.2",
             "hostname": "sandbox",
@@ -420,9 +479,78 @@ def host_pids_limit(guest_pids: int) -> int:
     return 4 * guest_pids + 256
 
 
-def _open_log(path: Path) -> int:
-    # Creating a file on /run (tmpfs) does not block the event loop in any way that matters.
-    return os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+def _token_for(key: bytes, sandbox_id: str, spec: SandboxSpec, snapshot: Snapshot | None) -> str:
+    """The agent's token: the snapshot's (a restored agent keeps its env), an explicit one, or derived."""
+    if snapshot is not None and snapshot.token:
+        return snapshot.token
+    return spec.env.get(AGENT_TOKEN_ENV) or agent_token(key, sandbox_id)
+
+
+class _OutputTail:
+    """Drains a sandbox's output pipe on the event loop, keeping only its last OUTPUT_TAIL_BYTES.
+
+    Draining is rate-limited: past OUTPUT_DRAIN_BYTES_PER_S the reader pauses for the rest of the
+    second, the pipe fills, and the sandbox's writer waits. End of file means every process
+    holding the write end exited: the sandbox is gone.
+    """
+
+    def __init__(self, read_end: int, on_eof: Callable[[], None]) -> None:
+        self._fd = read_end
+        self._on_eof = on_eof
+        self._buffer = bytearray()
+        self._loop = asyncio.get_running_loop()
+        self._window_start = time.monotonic()
+        self._window_bytes = 0
+        self._resume: asyncio.TimerHandle | None = None
+        self._closed = False
+        os.set_blocking(read_end, False)
+        self._loop.add_reader(read_end, self._read)
+
+    def tail(self) -> bytes:
+        """The last OUTPUT_TAIL_BYTES read."""
+        return bytes(self._buffer[-OUTPUT_TAIL_BYTES:])
+
+    def text(self) -> str:
+        """The tail as text."""
+        return self.tail().decode(errors="replace")
+
+    def close(self) -> None:
+        """Stop reading and close the pipe."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._resume is not None:
+            self._resume.cancel()
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+
+    def _read(self) -> None:
+        try:
+            chunk = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._loop.remove_reader(self._fd)
+            self._on_eof()
+            return
+        self._buffer += chunk
+        if len(self._buffer) > 2 * OUTPUT_TAIL_BYTES:
+            del self._buffer[:-OUTPUT_TAIL_BYTES]
+        now = time.monotonic()
+        if now - self._window_start >= 1.0:
+            self._window_start, self._window_bytes = now, 0
+        self._window_bytes += len(chunk)
+        if self._window_bytes >= OUTPUT_DRAIN_BYTES_PER_S:
+            self._loop.remove_reader(self._fd)
+            self._resume = self._loop.call_later(1.0 - (now - self._window_start), self._continue)
+
+    def _continue(self) -> None:
+        self._resume = None
+        if not self._closed:
+            self._window_start, self._window_bytes = time.monotonic(), 0
+            self._loop.add_reader(self._fd, self._read)
 
 
 def _capabilities(uid: int) -> dict[str, list[str]]:

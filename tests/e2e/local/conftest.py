@@ -69,8 +69,10 @@ async def sandbox(runtime: LocalRuntime) -> Sandbox:
 
 @pytest.fixture
 async def agent(sandbox: Sandbox) -> AsyncIterator[httpx.AsyncClient]:
-    """A client for the sandbox's agent, on the sandbox's own address."""
-    async with httpx.AsyncClient(base_url=sandbox.url, timeout=60, trust_env=False) as client:
+    """A client for the sandbox's agent, on the sandbox's own address, with its token."""
+    async with httpx.AsyncClient(
+        base_url=sandbox.url, headers=sandbox.headers, timeout=60, trust_env=False
+    ) as client:
         yield client
 
 

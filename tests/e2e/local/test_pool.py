@@ -27,7 +27,9 @@ async def test_warm_leases_refill_and_cold_fallback(runtime: LocalRuntime) -> No
     assert third.warm is False
     async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
         for lease in (first, second, third):
-            response = await client.post(f"{lease.sandbox.url}/v1/exec", json={"argv": ["true"]})
+            response = await client.post(
+                f"{lease.sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=lease.sandbox.headers
+            )
             assert response.json()["exit_code"] == 0
     leased = [first.sandbox, second.sandbox, third.sandbox]
     for lease in (first, second, third):

@@ -128,9 +128,13 @@ async def test_host_files_are_invisible(agent: httpx.AsyncClient, runtime: Local
 async def test_sandboxes_do_not_share_writes_and_the_shared_rootfs_stays_clean(runtime: LocalRuntime) -> None:
     first, second = await runtime.create(), await runtime.create()
     async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
-        wrote = await client.post(f"{first.url}/v1/exec", json={"shell": "echo mine > /workspace/only-here"})
+        wrote = await client.post(
+            f"{first.url}/v1/exec", json={"shell": "echo mine > /workspace/only-here"}, headers=first.headers
+        )
         assert wrote.json()["exit_code"] == 0
-        seen = await client.post(f"{second.url}/v1/exec", json={"shell": "cat /workspace/only-here"})
+        seen = await client.post(
+            f"{second.url}/v1/exec", json={"shell": "cat /workspace/only-here"}, headers=second.headers
+        )
         assert seen.json()["exit_code"] != 0
     assert not await asyncio.to_thread((runtime.rootfs / "workspace" / "only-here").exists)
     assert not host_can_write(runtime.rootfs), "the shared rootfs must be mounted read-only"
@@ -165,10 +169,14 @@ async def test_a_host_port_can_be_allowed_for_one_sandbox(
     allowed_host = str(runtime.slots.addresses(allowed.slot).host)
     other_host = str(runtime.slots.addresses(other.slot).host)
     async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
-        async with httpx.AsyncClient(base_url=allowed.url, timeout=30, trust_env=False) as inside:
+        async with httpx.AsyncClient(
+            base_url=allowed.url, headers=allowed.headers, timeout=30, trust_env=False
+        ) as inside:
             assert await connect_from(inside, allowed_host, wildcard.port) == "connected"
             assert await connect_from(inside, allowed_host, loopback.port) != "connected"
-        async with httpx.AsyncClient(base_url=other.url, timeout=30, trust_env=False) as inside:
+        async with httpx.AsyncClient(
+            base_url=other.url, headers=other.headers, timeout=30, trust_env=False
+        ) as inside:
             assert await connect_from(inside, other_host, wildcard.port) != "connected"
         assert (await client.get(f"{other.url}/v1/health")).status_code == 200
     await asyncio.sleep(0.3)
@@ -181,15 +189,17 @@ async def test_a_host_port_can_be_allowed_for_one_sandbox(
 
 async def test_sandboxes_cannot_reach_each_other(runtime: LocalRuntime) -> None:
     first, second = await runtime.create(), await runtime.create()
-    async with httpx.AsyncClient(base_url=first.url, timeout=30, trust_env=False) as client:
+    async with httpx.AsyncClient(
+        base_url=first.url, headers=first.headers, timeout=30, trust_env=False
+    ) as client:
         assert await connect_from(client, second.address, second.port) != "connected"
     async with httpx.AsyncClient(timeout=10, trust_env=False) as host:
         assert (await host.get(f"{second.url}/v1/health")).status_code == 200
 
 
-async def _exec_latency(client: httpx.AsyncClient, url: str) -> float:
+async def _exec_latency(client: httpx.AsyncClient, sandbox: Sandbox) -> float:
     started = time.monotonic()
-    response = await client.post(f"{url}/v1/exec", json={"argv": ["true"]})
+    response = await client.post(f"{sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=sandbox.headers)
     assert response.json()["exit_code"] == 0
     return time.monotonic() - started
 
@@ -200,22 +210,28 @@ async def test_fork_bomb_is_contained(runtime: LocalRuntime) -> None:
     async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
         job = (
             await client.post(
-                f"{bombed.url}/v1/jobs", json={"argv": ["python3", "-c", FORK_BOMB], "timeout_s": 4}
+                f"{bombed.url}/v1/jobs",
+                json={"argv": ["python3", "-c", FORK_BOMB], "timeout_s": 4},
+                headers=bombed.headers,
             )
         ).json()
         await asyncio.sleep(1.5)
         # While the bomb runs: the bystander sandbox and the host keep working.
-        assert await _exec_latency(client, bystander.url) < 5
+        assert await _exec_latency(client, bystander) < 5
         assert host_responds()
-        status = (await client.get(f"{bombed.url}/v1/jobs/{job['job_id']}")).json()
+        status = (await client.get(f"{bombed.url}/v1/jobs/{job['job_id']}", headers=bombed.headers)).json()
         assert status["state"] == "running"
         done = (
-            await client.get(f"{bombed.url}/v1/jobs/{job['job_id']}/wait", params={"timeout_s": 30})
+            await client.get(
+                f"{bombed.url}/v1/jobs/{job['job_id']}/wait", params={"timeout_s": 30}, headers=bombed.headers
+            )
         ).json()
         assert done["state"] == "timed_out"
         # Afterwards the bombed sandbox recovers: the group was killed and the agent (PID 1)
         # reaps the orphaned zombies, so the process table drains back to a handful.
-        async with httpx.AsyncClient(base_url=bombed.url, timeout=30, trust_env=False) as inside:
+        async with httpx.AsyncClient(
+            base_url=bombed.url, headers=bombed.headers, timeout=30, trust_env=False
+        ) as inside:
             deadline = time.monotonic() + 10
             while True:
                 states = str((await sh(inside, "ps -eo stat="))["stdout"]).split()
@@ -232,7 +248,10 @@ async def test_memory_hog_is_contained(runtime: LocalRuntime) -> None:
     async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
         try:
             hog_run = await client.post(
-                f"{hog.url}/v1/exec", json={"argv": ["python3", "-c", MEMORY_HOG]}, timeout=10
+                f"{hog.url}/v1/exec",
+                json={"argv": ["python3", "-c", MEMORY_HOG]},
+                headers=hog.headers,
+                timeout=10,
             )
             result = hog_run.json()
         except httpx.TransportError:
@@ -240,7 +259,7 @@ async def test_memory_hog_is_contained(runtime: LocalRuntime) -> None:
             # sandbox is then gone, which is containment too; the checks below are what matter.
             result = {"exit_code": 137}
         assert result["exit_code"] != 0, result
-        assert await _exec_latency(client, bystander.url) < 5
+        assert await _exec_latency(client, bystander) < 5
     assert host_responds()
     peak = peak_memory(hog.id)
     # cgroup v1 may record one page over the limit at the moment of the OOM kill (seen here:

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.gvisor
 
 async def test_restored_sandboxes_start_from_the_identical_set_up_state(runtime: LocalRuntime) -> None:
     golden = await runtime.create()
-    async with httpx.AsyncClient(base_url=golden.url, timeout=30, trust_env=False) as agent:
+    async with httpx.AsyncClient(
+        base_url=golden.url, headers=golden.headers, timeout=30, trust_env=False
+    ) as agent:
         await sh(agent, "echo set-up > /workspace/state")
         job = (await agent.post("/v1/jobs", json={"argv": ["sleep", "1000"]})).json()
     snapshot = await runtime.snapshot(golden)
@@ -28,14 +30,18 @@ async def test_restored_sandboxes_start_from_the_identical_set_up_state(runtime:
     assert len({golden.address, first.address, second.address}) == 3
     assert "runsc_restore_s" in first.timings
     for restored in (first, second):
-        async with httpx.AsyncClient(base_url=restored.url, timeout=30, trust_env=False) as agent:
+        async with httpx.AsyncClient(
+            base_url=restored.url, headers=restored.headers, timeout=30, trust_env=False
+        ) as agent:
             assert (await agent.get("/v1/ready")).status_code == 200
             assert (await sh(agent, "cat /workspace/state"))["stdout"] == "set-up\n"
             # The agent's memory came back too: the golden sandbox's background job still runs.
             status = (await agent.get(f"/v1/jobs/{job['job_id']}")).json()
             assert status["state"] == "running"
             await sh(agent, f"echo {restored.id} > /workspace/mine")
-    async with httpx.AsyncClient(base_url=second.url, timeout=30, trust_env=False) as agent:
+    async with httpx.AsyncClient(
+        base_url=second.url, headers=second.headers, timeout=30, trust_env=False
+    ) as agent:
         assert (await sh(agent, "cat /workspace/mine"))["stdout"] == f"{second.id}\n"
 
     for restored in (first, second):
@@ -48,7 +54,9 @@ async def test_restore_from_a_missing_snapshot_is_a_clear_error(runtime: LocalRu
     golden = await runtime.create()
     snapshot = await runtime.snapshot(golden, keep_running=True)
     assert golden.id in runtime.sandboxes
-    async with httpx.AsyncClient(base_url=golden.url, timeout=30, trust_env=False) as agent:
+    async with httpx.AsyncClient(
+        base_url=golden.url, headers=golden.headers, timeout=30, trust_env=False
+    ) as agent:
         assert (await agent.get("/v1/ready")).status_code == 200
     await asyncio.to_thread(shutil.rmtree, snapshot.path)
     with pytest.raises(LocalRuntimeError, match="does not exist"):

@@ -32,7 +32,9 @@ async def test_task_image_carries_the_repository_and_its_harbor_tests(runsc: Pat
     )
     async with LocalRuntime(image, runsc) as runtime:
         sandbox = await runtime.create()
-        async with httpx.AsyncClient(base_url=sandbox.url, timeout=60, trust_env=False) as agent:
+        async with httpx.AsyncClient(
+            base_url=sandbox.url, headers=sandbox.headers, timeout=60, trust_env=False
+        ) as agent:
             log = (
                 await agent.post(
                     "/v1/exec", json={"shell": "git log --oneline | wc -l; id -un; stat -c %U calc.py"}
