@@ -1,9 +1,11 @@
 """Builds the sandbox image offline (mmdebstrap, then umoci) as an OCI layout and archive, cached by inputs.
 
-The base image is a Debian rootfs with python3, git and a non-root user, plus the agent. A task
-image adds a task's repository (and optionally runs its set-up command) as one more layer on top.
-Both are cached under ~/.cache/sandfleet/images/<key>/ where the key hashes every input, and both
-report the image's manifest digest. Run through `sandbox_image/build`; needs root.
+The base image is a Debian rootfs with python3, git, the sandbox user (1000) every command runs
+as and the verifier user (1001) evaluate runs the tests as, plus the agent, which runs as root
+inside gVisor so it can switch between them. A task image adds a task's repository (and
+optionally runs its set-up command) as one more layer on top. Both are cached under
+~/.cache/sandfleet/images/<key>/ where the key hashes every input, and both report the image's
+manifest digest. Run through `sandbox_image/build`; needs root.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "git", "ca-certificates", "procps", "patch")
 SANDBOX_UID = 1000
 SANDBOX_USER = "sandbox"
+VERIFIER_UID = 1001
+VERIFIER_USER = "verifier"
+# The agent's user in the image config: root inside gVisor (the sentry's, not the host's).
+AGENT_USER = "0:0"
 TAG = "sandfleet"
 SOURCE_DATE_EPOCH = 1_700_000_000
 # Trimmed from the rootfs: documentation and translations are dead weight in a sandbox.
@@ -245,7 +251,7 @@ def cached(key: str) -> BuiltImage | None:
 
 def base_key(mirror: str) -> str:
     """The cache key of the base image: every input that changes its content."""
-    inputs = [BUILDER_VERSION, SUITE, mirror, PACKAGES, DPKG_EXCLUDES, AGENT_ENTRYPOINT]
+    inputs = [BUILDER_VERSION, SUITE, mirror, PACKAGES, DPKG_EXCLUDES, AGENT_ENTRYPOINT, AGENT_USER]
     inputs.append(hash_tree(AGENT_SOURCE))
     inputs.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
     return "base-" + hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
@@ -312,21 +318,33 @@ def install_agent(rootfs: Path) -> None:
     shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(AGENT_SOURCE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    # In this layer, not the cached Debian one, so adding it did not mean a new mmdebstrap run.
+    if f"\n{VERIFIER_USER}:" not in "\n" + (rootfs / "etc" / "passwd").read_text():
+        run(
+            [
+                *("chroot", str(rootfs), "useradd", "--create-home", "--uid", str(VERIFIER_UID)),
+                *("--user-group", "--shell", "/bin/bash", VERIFIER_USER),
+            ],
+            what="adding the verifier user",
+        )
     # The rootfs is shared read-only at run time: compile now so start-up never tries to write.
     run(
         ["chroot", str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q", "/opt/sandfleet/agent"],
         what="byte-compiling the agent",
     )
-    for name in ("workspace", "logs", "logs/verifier"):
+    # The sandbox user owns its working area; /logs is root's and /logs/verifier the verifier's,
+    # so the episode's code can write neither (the agent empties and re-owns it per evaluate).
+    for name, uid in (("workspace", SANDBOX_UID), ("logs", 0), ("logs/verifier", VERIFIER_UID)):
         directory = rootfs / name
         directory.mkdir(parents=True, exist_ok=True)
-        os.chown(directory, SANDBOX_UID, SANDBOX_UID)
+        os.chown(directory, uid, uid)
+        os.chmod(directory, 0o755)
     for path in [target.parent, *target.parent.rglob("*")]:
         os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
 
 
 def configure(image: str) -> None:
-    """Set the image config: non-root user, the agent as entrypoint, the work dir."""
+    """Set the image config: the agent (root inside gVisor) as entrypoint, the work dir."""
     umoci(
         "config",
         "--image",
@@ -337,7 +355,7 @@ def configure(image: str) -> None:
         _created(),
         "--history.comment",
         "sandfleet agent config",
-        f"--config.user={SANDBOX_UID}:{SANDBOX_UID}",
+        f"--config.user={AGENT_USER}",
         "--config.workingdir=/workspace",
         "--config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "--config.env=PYTHONPATH=/opt/sandfleet/agent",
