@@ -34,6 +34,13 @@ def gateway(
     max_waiting: Annotated[
         int | None, typer.Option(help="Callers that may queue per pool [default: 1000].")
     ] = None,
+    agent_key_file: Annotated[
+        Path | None, typer.Option(help="The fleet key sandboxes' agent tokens derive from (required).")
+    ] = None,
+    insecure_no_agent_key: Annotated[
+        bool | None,
+        typer.Option("--insecure-no-agent-key", help="Run without an agent key (agents that accept anyone)."),
+    ] = None,
 ) -> None:
     """Serve the Kubernetes runtime's pools (kubeconfig or in-cluster config).
 
@@ -42,6 +49,7 @@ def gateway(
     """
     from pydantic import ValidationError
 
+    from sandfleet.core.agent_tokens import AgentKeyError
     from sandfleet.gateway.main import run
     from sandfleet.gateway.settings import GatewaySettings
 
@@ -53,6 +61,8 @@ def gateway(
         "token_file": token_file,
         "token_audiences": token_audience or None,
         "max_waiting": max_waiting,
+        "agent_key_file": agent_key_file,
+        "insecure_no_agent_key": insecure_no_agent_key,
     }
     # Only flags actually given are passed, so the environment fills in the rest.
     try:
@@ -60,4 +70,7 @@ def gateway(
     except ValidationError as error:
         first = error.errors()[0]
         raise typer.BadParameter(f"{first['loc'][0]}: {first['msg']}") from None
-    run(settings)
+    try:
+        run(settings)
+    except AgentKeyError as error:
+        raise typer.BadParameter(str(error)) from None

@@ -9,6 +9,8 @@ import typer
 
 from sandfleet.cli import app
 
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
 
 @app.command()
 def serve(
@@ -69,7 +71,8 @@ def serve(
     except LocalRuntimeError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
-    backend = LocalBackend(LocalRuntime(image, runsc), pool, image.tag, warm)
+    sandboxes = LocalRuntime(image, runsc)  # a fresh fleet key: only this process reaches its agents
+    backend = LocalBackend(sandboxes, pool, image.tag, warm)
     authenticator = Authenticator(
         static_tokens=parse_token_file(token_file.read_text()) if token_file else {},
         anonymous_allowed=token_file is None,
@@ -81,6 +84,7 @@ def serve(
         ready=backend.ready,
         start=backend.start,
         stop=backend.stop,
+        agent_key=sandboxes.fleet_key,
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
         capacity=CapacitySettings(),  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
         tenancy=tenancy,
@@ -94,4 +98,7 @@ def serve(
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         http=guarded_protocol(tenancy),  # header timeout, connections per client address
+        # On SIGTERM or SIGINT, requests still running after this are cancelled, so the sandboxes
+        # are always torn down (a long exec must not keep the server, or its sandboxes, alive).
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )

@@ -84,7 +84,7 @@ class Runtime:
     ready: Callable[[], bool]
     start: Callable[[], Awaitable[None]]
     stop: Callable[[], Awaitable[None]]
-    agent_token: str | None = None
+    agent_key: bytes | None = None  # the fleet key every agent's token derives from
     max_waiting: int = 1000
     capacity: CapacitySettings | None = None  # quotas and the overtaking rule; defaults when None
     policy_store: PolicyStore | None = None  # memory only when None
@@ -164,7 +164,8 @@ def create_app(runtime: Runtime) -> FastAPI:
         quotas=capacity.quotas(),
         overtake_seconds=capacity.overtake_seconds,
     )
-    proxy = AgentProxy(runtime.agent_token)
+    proxy = AgentProxy(runtime.agent_key)
+    runtime.backend.subscribe(proxy.on_change)  # requests to a sandbox found gone end at once
     runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics, admins=tenancy.run_admins)
 
     @asynccontextmanager
@@ -447,7 +448,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         url = sandbox.agent_url()
         if url is None:
             raise SandboxUnreachable("the sandbox has no address yet; release it and lease another")
-        response, agent_seconds = await proxy.forward(request, url, agent_path, stream=stream)
+        response, agent_seconds = await proxy.forward(
+            request, url, agent_path, stream=stream, sandbox=sandbox.name
+        )
         if agent_path.startswith("/v1/exec"):
             metrics.exec_seconds.observe(agent_seconds)
         # Every call counts (idle is the time between calls); evaluate runs the tests: scoring.

@@ -50,7 +50,14 @@ class LocalBackend:
     ) -> None:
         self.runtime = runtime
         self.info = PoolInfo(
-            NAMESPACE, pool_name, default_ttl_seconds, max_ttl_seconds, (REGION,), image, max_sandboxes
+            NAMESPACE,
+            pool_name,
+            default_ttl_seconds,
+            max_ttl_seconds,
+            (REGION,),
+            image,
+            max_sandboxes,
+            other_images=False,
         )
         self.base_warm = warm
         self.clock = clock
@@ -68,6 +75,7 @@ class LocalBackend:
     # -- life cycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.runtime.loss_listeners.append(self._on_lost)
         await self.runtime.start()
         self.warm_pool.start()
         self._reaper = asyncio.create_task(self._reap_forever())
@@ -189,6 +197,19 @@ class LocalBackend:
                 image_key=image_key(self.info.image),
             )
         )
+
+    def _on_lost(self, local: LocalSandbox) -> None:
+        """A sandbox died: a warm one is replaced; a leased one loses its address (calls: sandbox_lost)."""
+        key = f"{NAMESPACE}.{local.id}"
+        current = self._sandboxes.get(key)
+        if current is None:
+            return
+        if current.state == api.LEASE_FREE:
+            self.warm_pool.take(local)  # the pool refills behind it
+            self._end(key, current.state)
+            return
+        # Listeners (the proxy among them) hear it at once: requests in flight end with sandbox_lost.
+        self._store(replace(current, ready=False, address=None))
 
     def _on_retired(self, local: LocalSandbox) -> None:
         """The warm pool shrank and destroyed this ready sandbox: it is neither warm nor leasable."""

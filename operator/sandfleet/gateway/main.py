@@ -5,6 +5,7 @@ from __future__ import annotations
 import uvicorn
 from fastapi import FastAPI
 
+from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend
@@ -16,7 +17,7 @@ from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, Gat
 def kube_app(settings: GatewaySettings) -> FastAPI:
     """A gateway app serving the pools of one namespace from the Kubernetes API."""
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
-    agent_token = settings.agent_token_file.read_text().strip() if settings.agent_token_file else None
+    agent_key = load_agent_key(settings)
     backend = KubeBackend(settings.namespace, token_audiences=settings.token_audiences)
     reviews = settings.auth == "kubernetes"
     tenancy = TenantSettings()
@@ -35,13 +36,31 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
         ready=lambda: backend.synced.is_set() and backend.connected,
         start=backend.start,
         stop=backend.stop,
-        agent_token=agent_token,
+        agent_key=agent_key,
         max_waiting=settings.max_waiting,
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.core),
         capacity=CapacitySettings(),
         tenancy=tenancy,
     )
     return create_app(runtime)
+
+
+def load_agent_key(settings: GatewaySettings) -> bytes | None:
+    """The fleet key agents' tokens derive from; AgentKeyError saying what to do when there is none."""
+    path = settings.agent_key_file
+    if path is None:
+        if settings.insecure_no_agent_key:
+            return None
+        raise AgentKeyError(
+            "no agent key: every sandbox's agent requires a token derived from the fleet key; give its "
+            "file with --agent-key-file (SANDFLEET_GATEWAY_AGENT_KEY_FILE; the chart mounts it), or "
+            "--insecure-no-agent-key for agents that accept anyone (tests only)"
+        )
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise AgentKeyError(f"cannot read the agent key file {path}: {error.strerror}") from None
+    return parse_fleet_key(text)
 
 
 def run(settings: GatewaySettings) -> None:

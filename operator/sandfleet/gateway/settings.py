@@ -27,7 +27,12 @@ class GatewaySettings(BaseSettings):
     namespace: str = Field("default", description="Namespace whose pools this gateway serves.")
     auth: Literal["kubernetes", "static", "none"] = "kubernetes"
     token_file: Path | None = Field(None, description="Static tokens: lines `TOKEN NAME [POOLS]`.")
-    agent_token_file: Path | None = None
+    agent_key_file: Path | None = Field(
+        None, description="The fleet key every sandbox's agent token derives from (the chart's Secret)."
+    )
+    insecure_no_agent_key: bool = Field(
+        False, description="Serve without an agent key: only for agents that accept anyone (tests)."
+    )
     max_waiting: int = Field(1000, ge=0, description="Callers that may wait per pool before 429.")
     token_audiences: list[str] = Field(
         default_factory=list,

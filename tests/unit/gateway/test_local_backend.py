@@ -1,9 +1,10 @@
-"""The local backend's warm index and un-claim, over a fake runtime (no runsc needed)."""
+"""The local backend's warm index, un-claim and lost sandboxes, over a fake runtime (no runsc needed)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.ids = itertools.count()
         self.destroyed: list[str] = []
+        self.loss_listeners: list[Callable[[LocalSandbox], None]] = []
+        self.created: dict[str, LocalSandbox] = {}
 
     async def start(self) -> None:
         pass
@@ -31,7 +34,14 @@ class FakeRuntime:
     async def create(self, spec: Any = None) -> LocalSandbox:
         await asyncio.sleep(0)
         n = next(self.ids)
-        return LocalSandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
+        sandbox = LocalSandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
+        self.created[sandbox.id] = sandbox
+        return sandbox
+
+    def die(self, name: str) -> None:
+        """What the runtime does when a sandbox's runsc processes exit unasked."""
+        for listener in self.loss_listeners:
+            listener(self.created[name])
 
     def release(self, sandbox: LocalSandbox) -> None:
         self.destroyed.append(sandbox.id)
@@ -60,5 +70,33 @@ async def test_unclaimed_sandboxes_are_warm_again_and_released_ones_leave_the_in
         await backend.release(again.leases[0][1])
         assert lease.id not in warm
         assert lease.id.removeprefix("local.") in runtime.destroyed
+    finally:
+        await backend.stop()
+
+
+async def test_a_lost_sandbox_loses_its_address_when_leased_and_its_place_when_warm() -> None:
+    runtime = FakeRuntime()
+    backend = LocalBackend(runtime, "local", "img", warm=2)  # type: ignore[arg-type]
+    heard: list[str] = []
+    backend.subscribe(lambda sandbox: heard.append(f"{sandbox.name}:{sandbox.address}"))
+    await backend.start()
+    try:
+        warm = backend.warm("local", image_key("img"))
+        for _ in range(100):
+            if len(warm) == 2:
+                break
+            await asyncio.sleep(0.01)
+        granted = await LeaseService(backend).acquire(LeaseRequest(pool="local", holder="me"))
+        ((lease, leased),) = granted.leases
+        runtime.die(leased.name)
+        after = backend.sandbox(lease.id)
+        assert after is not None
+        assert after.address is None
+        assert after.lease is not None
+        assert heard[-1] == f"{leased.name}:None"  # the proxy hears it and ends calls in flight
+        spare = next(s for s in backend.sandboxes() if s.state == api.LEASE_FREE)
+        runtime.die(spare.name)
+        assert spare.key not in warm
+        assert spare.name in runtime.destroyed
     finally:
         await backend.stop()
