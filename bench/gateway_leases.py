@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -155,6 +156,12 @@ class Bench:
             time.sleep(1)
         log(f"{count} sandbox Pods ready in {time.monotonic() - started:.1f}s")
 
+    def agent_key_file(self) -> Path:
+        """A fleet key for the gateway (the loopback agent checks no per-Pod token)."""
+        path = self.workdir / "agent-key"
+        path.write_text(secrets.token_hex(32) + "\n")
+        return path
+
     def start_gateway(self) -> tuple[str, int]:
         tokens = self.workdir / "tokens"
         tokens.write_text(f"{TOKEN} bench\n")
@@ -164,6 +171,7 @@ class Bench:
             sys.executable, "-m", "sandfleet.cli", "gateway", "--host", "127.0.0.1",
             "--port", str(port), "--namespace", self.namespace, "--auth", "static",
             "--token-file", str(tokens), "--max-waiting", "100000",
+            "--agent-key-file", str(self.agent_key_file()),
         ]  # fmt: skip
         process = subprocess.Popen(argv, env=env, stderr=(self.workdir / "gateway.log").open("wb"))
         self.processes.append(process)

@@ -320,6 +320,8 @@ class Fleet:
                         str(tokens),
                         "--max-waiting",
                         "200",
+                        "--agent-key-file",
+                        str(fleet_key_file(self.workdir)),
                     ],
                     self.workdir / f"gateway-{index}.log",
                     port,

@@ -17,6 +17,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.model import image_key
+from tests.support.agent_key import fleet_key_file
 from tests.support.kube import Kubectl, wait_until
 from tests.support.servers import free_port, wait_until_ready
 
@@ -143,6 +144,7 @@ def start_gateway(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[
             sys.executable, "-m", "sandfleet.cli", "gateway",
             "--host", "127.0.0.1", "--port", str(port), "--namespace", namespace,
             "--auth", auth, "--token-file", str(tokens), "--max-waiting", str(max_waiting),
+            "--agent-key-file", str(fleet_key_file(tmp_path)),
             *(f"--token-audience={audience}" for audience in audiences),
         ]  # fmt: skip
         env = dict(os.environ, KUBECONFIG=str(kubectl.kubeconfig))
