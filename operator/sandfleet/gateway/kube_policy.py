@@ -14,6 +14,7 @@ from sandfleet.core.policy import PolicyError, RunPolicy
 
 POLICY_KEY = "policy.json"
 RUN_ANNOTATION = f"{api.GROUP}/run"
+OWNER_ANNOTATION = f"{api.GROUP}/run-owner"  # the caller that created the run, policy or not
 CACHE_SECONDS = 1.0  # acquires read the policy at most once a second per run per gateway
 
 
@@ -32,13 +33,21 @@ class ConfigMapPolicyStore:
         self.namespace = namespace
         self._core = core  # the backend's CoreV1Api, which exists once the backend has started
         self.clock = clock
-        self._cache: dict[str, tuple[float, RunPolicy | None, str | None]] = {}
+        # run -> (read at, policy, resourceVersion, owner)
+        self._cache: dict[str, tuple[float, RunPolicy | None, str | None, str | None]] = {}
 
     async def get(self, run: str) -> RunPolicy | None:
+        return (await self._cached(run))[1]
+
+    async def owner(self, run: str) -> str | None:
+        return (await self._cached(run))[3]
+
+    async def _cached(self, run: str) -> tuple[float, RunPolicy | None, str | None, str | None]:
         cached = self._cache.get(run)
         if cached is not None and self.clock() - cached[0] < CACHE_SECONDS:
-            return cached[1]
-        return (await self._read(run))[0]
+            return cached
+        await self._read(run)
+        return self._cache[run]
 
     async def _read(self, run: str) -> tuple[RunPolicy | None, str | None]:
         try:
@@ -46,13 +55,30 @@ class ConfigMapPolicyStore:
         except ApiException as error:
             if error.status != 404:
                 raise
-            self._cache[run] = (self.clock(), None, None)
+            self._cache[run] = (self.clock(), None, None, None)
             return None, None
         raw = (cm.data or {}).get(POLICY_KEY)
         policy = RunPolicy.from_json(raw) if raw else None
         version = cm.metadata.resource_version
-        self._cache[run] = (self.clock(), policy, version)
+        owner = (cm.metadata.annotations or {}).get(OWNER_ANNOTATION) or (policy.owner if policy else None)
+        self._cache[run] = (self.clock(), policy, version, owner or None)
         return policy, version
+
+    async def claim(self, run: str, owner: str) -> str:
+        """Create the run's ConfigMap naming `owner` (no policy yet); whoever created it first wins."""
+        policy, resource_version = await self._read(run)
+        current = self._cache[run][3]
+        if current is not None:
+            return current
+        try:  # a run stored before runs had owners keeps its policy
+            await self._write(run, owner, policy, resource_version)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            await self._read(run)  # another replica created (or claimed) it first
+            return self._cache[run][3] or owner
+        self._cache[run] = (self.clock(), self._cache[run][1], None, owner)
+        return owner
 
     async def put(self, policy: RunPolicy) -> None:
         # Read fresh (not the cache) so the write is conditional on what another replica last wrote.
@@ -62,28 +88,37 @@ class ConfigMapPolicyStore:
                 f"run {policy.run!r} is at policy version {current.version} (published by another "
                 f"gateway); {policy.version} would go backwards"
             )
-        metadata: dict[str, Any] = {
-            "name": configmap_name(policy.run),
-            "labels": {api.MANAGED_BY_LABEL: api.MANAGED_BY},
-            "annotations": {RUN_ANNOTATION: policy.run},
-        }
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": metadata,
-            "data": {POLICY_KEY: policy.to_json()},
-        }
+        owner = self._cache[policy.run][3] or policy.owner
         try:
-            if resource_version is None:
-                await self._core().create_namespaced_config_map(self.namespace, body)
-            else:
-                metadata["resourceVersion"] = resource_version
-                name = configmap_name(policy.run)
-                await self._core().replace_namespaced_config_map(name, self.namespace, body)
+            await self._write(policy.run, owner, policy, resource_version)
         except ApiException as error:
             if error.status == 409:
                 raise PolicyError(
                     f"run {policy.run!r}'s policy was changed by another gateway at the same moment; retry"
                 ) from None
             raise
-        self._cache[policy.run] = (self.clock(), policy, None)
+        self._cache[policy.run] = (self.clock(), policy, None, owner or None)
+
+    async def _write(
+        self, run: str, owner: str, policy: RunPolicy | None, resource_version: str | None
+    ) -> None:
+        """Create the run's ConfigMap, or replace it conditionally on `resource_version`."""
+        annotations = {RUN_ANNOTATION: run}
+        if owner:
+            annotations[OWNER_ANNOTATION] = owner
+        metadata: dict[str, Any] = {
+            "name": configmap_name(run),
+            "labels": {api.MANAGED_BY_LABEL: api.MANAGED_BY},
+            "annotations": annotations,
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": {POLICY_KEY: policy.to_json()} if policy is not None else {},
+        }
+        if resource_version is None:
+            await self._core().create_namespaced_config_map(self.namespace, body)
+        else:
+            metadata["resourceVersion"] = resource_version
+            await self._core().replace_namespaced_config_map(configmap_name(run), self.namespace, body)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 MAX_SPANS_PER_RUN = 50_000  # a few minutes of a busy run; older spans fall off first
 MAX_RUNS = 256
 MAX_TRACKED_LEASES = 100_000
-MAX_OWNED_RUNS = 100_000  # owners of runs without a stored policy, in this gateway's memory
+MAX_OWNED_RUNS = 100_000  # owners of runs without a stored policy, in a local gateway's memory
 RUN_IDLE_SECONDS = 3600.0  # a run heard from no more for this long has ended: its spans go
 # A run name is a Kubernetes label value (it labels the leased Pods): bounded, and safe anywhere.
 RUN_NAME = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$"
@@ -60,6 +60,14 @@ class PolicyStore(Protocol):
 
     async def put(self, policy: RunPolicy) -> None: ...
 
+    async def owner(self, run: str) -> str | None:
+        """Who created `run` (None: nobody yet)."""
+        ...
+
+    async def claim(self, run: str, owner: str) -> str:
+        """Make `owner` the run's owner unless it has one; the owner it has afterwards."""
+        ...
+
 
 class MemoryPolicyStore:
     """Policies in memory, written through to a JSON file (when given) so a restart keeps them."""
@@ -67,6 +75,8 @@ class MemoryPolicyStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self._policies: dict[str, RunPolicy] = {}
+        # Owners of runs without a policy: memory is enough, as a restart forgets their spans too.
+        self._owners: OrderedDict[str, str] = OrderedDict()
         if path is not None and path.exists():
             try:
                 for raw in json.loads(path.read_text()).values():
@@ -77,6 +87,19 @@ class MemoryPolicyStore:
 
     async def get(self, run: str) -> RunPolicy | None:
         return self._policies.get(run)
+
+    async def owner(self, run: str) -> str | None:
+        policy = self._policies.get(run)
+        return policy.owner if policy is not None and policy.owner else self._owners.get(run)
+
+    async def claim(self, run: str, owner: str) -> str:
+        current = await self.owner(run)
+        if current is not None:
+            return current
+        self._owners[run] = owner
+        while len(self._owners) > MAX_OWNED_RUNS:
+            self._owners.popitem(last=False)
+        return owner
 
     async def put(self, policy: RunPolicy) -> None:
         self._policies[policy.run] = policy
@@ -113,8 +136,6 @@ class Runs:
         self.admins = frozenset(admins)
         self._spans: OrderedDict[str, deque[Span]] = OrderedDict()
         self._heard: dict[str, float] = {}  # run -> when its last span came
-        # Owners of runs that have no stored policy yet (a stored policy carries its own owner).
-        self._owners: OrderedDict[str, str] = OrderedDict()
         self._leases: OrderedDict[str, _Tracked] = OrderedDict()
         self._publishing: dict[str, asyncio.Lock] = {}
 
@@ -124,11 +145,8 @@ class Runs:
         return caller.name in self.admins or any(group in self.admins for group in caller.groups)
 
     async def owner(self, run: str) -> str | None:
-        """Who created `run`: the stored policy's owner, else the first caller this gateway saw."""
-        policy = await self.store.get(run)
-        if policy is not None and policy.owner:
-            return policy.owner
-        return self._owners.get(run)
+        """Who created `run`, from the store, so every replica agrees."""
+        return await self.store.owner(run)
 
     async def check(self, run: str, caller: Caller) -> None:
         """NotYourRun unless `caller` may read `run` (its owner, an admin, or nobody owns it yet)."""
@@ -144,12 +162,15 @@ class Runs:
             )
 
     async def claim(self, run: str, caller: Caller) -> None:
-        """Like `check`, and the first caller to act on a run nobody owns becomes its owner."""
+        """Like `check`, and the first caller to act on a run nobody owns becomes its owner.
+
+        The claim is written to the store (a conditional create on Kubernetes), so of two tenants
+        racing for a new name through two replicas exactly one gets it.
+        """
         await self.check(run, caller)
-        if run not in self._owners and await self.owner(run) is None:
-            self._owners[run] = caller.name
-            while len(self._owners) > MAX_OWNED_RUNS:
-                self._owners.popitem(last=False)
+        unowned = await self.owner(run) is None and not self.is_admin(caller)
+        if unowned and await self.store.claim(run, caller.name) != caller.name:
+            await self.check(run, caller)  # lost the race: NotYourRun
 
     # -- policy versions -------------------------------------------------------------------------
 
@@ -165,7 +186,7 @@ class Runs:
         owner = ""
         if caller is not None:
             await self.claim(run, caller)
-            owner = self._owners.get(run, caller.name)
+            owner = await self.owner(run) or caller.name
         lock = self._publishing.setdefault(run, asyncio.Lock())
         async with lock:  # read-modify-write of one run's policy, one at a time in this gateway
             previous = await self.store.get(run)
