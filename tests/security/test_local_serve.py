@@ -113,6 +113,30 @@ def test_a_dead_sandbox_ends_calls_at_once_with_sandbox_lost(served: Served) -> 
         assert client.delete(f"/v1/leases/{lease_id}").status_code == 200
 
 
+def test_a_frozen_sandbox_holds_a_call_no_longer_than_its_timeout_plus_a_margin(served: Served) -> None:
+    # Frozen, not dead: no process exits and no reset comes, so only a bound on the wait helps.
+    with httpx.Client(base_url=served.url, headers=TOKEN, timeout=120) as client:
+        lease_id, name = served.lease(client)
+        # The gateway's connection to the agent is open (kept alive) before the sandbox freezes.
+        assert client.post(f"/v1/leases/{lease_id}/exec", json={"argv": ["true"]}).status_code == 200
+        pids = sentry_pids(name)
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            response = client.post(
+                f"/v1/leases/{lease_id}/exec", json={"argv": ["sleep", "600"], "timeout_s": 2}
+            )
+            waited = time.monotonic() - started
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+    print(f"a call with timeout_s=2 to a frozen sandbox ended after {waited:.1f} s")
+    assert (response.status_code, response.json()["error"]) == (502, "sandbox_lost")
+    assert 2 + 30 <= waited < 2 + 30 + 10
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
 def test_serve_stops_on_a_signal_and_leaves_nothing_behind(served: Served, signum: signal.Signals) -> None:
     slots = SlotTable(DEFAULT_STATE_DIR / "slots", DEFAULT_SUBNET)

@@ -8,6 +8,9 @@ Pod terminating, its local runsc process dead) ends at once with `sandbox_lost`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -38,6 +41,14 @@ HOP_HEADERS = {
 REQUEST_DROP = HOP_HEADERS - {"content-length"}
 
 
+# How long past a call's own timeout the agent may take to answer before its sandbox counts as lost
+# (a frozen or partitioned sandbox sends no reset): the agent ends the command at its timeout.
+ANSWER_MARGIN_S = 30.0
+# The agent's default timeouts where a body may set its own `timeout_s` (docs/agent-api.md).
+DEFAULT_TIMEOUTS = {"/v1/exec": 300.0, "/v1/exec/stream": 300.0, "/v1/evaluate": 1800.0}
+# Bodies up to this size are read to find their `timeout_s`; larger ones are relayed unread.
+TIMEOUT_BODY_MAX = 1 << 20
+
 LOST = (
     "the sandbox died while this request was in flight: the sandbox is lost; "
     "release this lease and acquire another"
@@ -65,6 +76,8 @@ class AgentProxy:
         self, agent_key: bytes | None = None, timeout: float = 3600.0, write_timeout: float = 60.0
     ) -> None:
         self.agent_key = agent_key
+        self.timeout = timeout
+        self.write_timeout = write_timeout
         self._flights: dict[str, set[_Flight]] = {}
         self.client = httpx.AsyncClient(
             # A write that makes no progress for a minute means the sandbox died under it (an upload
@@ -128,15 +141,15 @@ class AgentProxy:
     async def _forward(
         self, request: Request, agent_url: str, path: str, stream: bool, sandbox: str
     ) -> tuple[Response, float]:
+        content, answer_within = await _content_and_bound(request, path)
+        read = self.timeout if answer_within is None else min(self.timeout, answer_within)
         outgoing = self.client.build_request(
             request.method,
             agent_url + path,
             params=request.query_params,
             headers=self._headers(request, sandbox),
-            # A body-less request (GET files, DELETE) must not become an empty chunked body: the
-            # agent would close the connection with those bytes unread, and the kernel's reset can
-            # destroy the end of a large response before we read it.
-            content=request.stream() if _has_body(request) else None,
+            content=content,
+            timeout=httpx.Timeout(self.timeout, connect=5.0, write=self.write_timeout, read=read),
         )
         started = time.monotonic()
         try:
@@ -181,6 +194,46 @@ class AgentProxy:
         finally:
             self._untrack(sandbox, flight)
             await upstream.aclose()
+
+
+async def _content_and_bound(
+    request: Request, path: str
+) -> tuple[bytes | AsyncIterator[bytes] | None, float | None]:
+    """The body to relay, and how long the agent may take to answer (None: as long as the proxy allows)."""
+    query_timeout = answer_bound(None, request.query_params.get("timeout_s"), None)
+    # A body-less request (GET files, DELETE) must not become an empty chunked body: the agent
+    # would close the connection with those bytes unread, and the kernel's reset can destroy the
+    # end of a large response before we read it.
+    if not _has_body(request):
+        return None, query_timeout
+    default = DEFAULT_TIMEOUTS.get(path)
+    length = request.headers.get("content-length", "")
+    if default is None or not length.isdigit() or int(length) > TIMEOUT_BODY_MAX:
+        return request.stream(), query_timeout
+    body = await request.body()
+    return body, answer_bound(body, None, default)
+
+
+def answer_bound(body: bytes | None, query_timeout: str | None, default: float | None) -> float | None:
+    """A call's own timeout plus ANSWER_MARGIN_S; None when it has none.
+
+    The timeout is the body's `timeout_s`, else the query's, else the agent's default for the route.
+    """
+    given: object = query_timeout
+    if body is not None:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("timeout_s") is not None:
+            given = parsed["timeout_s"]
+    seconds = default
+    if isinstance(given, str | int | float) and not isinstance(given, bool):
+        with contextlib.suppress(ValueError):
+            seconds = float(given)
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return max(seconds, 0.0) + ANSWER_MARGIN_S
 
 
 def _has_body(request: Request) -> bool:

@@ -1,4 +1,5 @@
-"""The agent proxy: each sandbox's own token, and calls to a sandbox found gone end at once."""
+"""The agent proxy: each sandbox's own token; calls to a sandbox found gone end at once, and no call
+waits longer than its own timeout plus a margin."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from starlette.requests import Request
 
 from sandfleet.core.agent_tokens import agent_token, new_fleet_key
-from sandfleet.gateway.proxy import AgentProxy, SandboxUnreachable
+from sandfleet.gateway.proxy import ANSWER_MARGIN_S, AgentProxy, SandboxUnreachable, answer_bound
 
 
 def _request() -> Request:
@@ -55,3 +56,15 @@ async def test_a_call_to_a_sandbox_found_lost_ends_at_once() -> None:
     with pytest.raises(asyncio.CancelledError):
         await bystander
     await proxy.close()
+
+
+def test_a_call_is_waited_for_its_own_timeout_plus_a_margin_only() -> None:
+    margin = ANSWER_MARGIN_S
+    assert answer_bound(b'{"argv": ["x"], "timeout_s": 5}', None, 300.0) == 5 + margin
+    assert answer_bound(b'{"argv": ["x"]}', None, 300.0) == 300 + margin
+    assert answer_bound(None, "30", None) == 30 + margin
+    assert answer_bound(b"not json", None, 1800.0) == 1800 + margin
+    assert answer_bound(b'{"timeout_s": "soon"}', None, 300.0) == 300 + margin
+    assert answer_bound(b'{"timeout_s": true}', None, 300.0) == 300 + margin
+    assert answer_bound(None, "inf", None) is None
+    assert answer_bound(None, None, None) is None
