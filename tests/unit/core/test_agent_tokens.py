@@ -30,5 +30,5 @@ def test_keys_parse_from_hex_or_text() -> None:
 
 
 def test_a_short_key_is_refused_with_the_way_to_make_one() -> None:
-    with pytest.raises(AgentKeyError, match="at least 32.*token_hex"):
+    with pytest.raises(AgentKeyError, match=r"at least 32.*token_hex"):
         parse_fleet_key("short")
