@@ -96,19 +96,19 @@ async def create_network(slot: int, addresses: SlotAddresses) -> None:
     namespace, veth = netns_name(slot), veth_name(slot)
     prefix = addresses.prefix_length
     await delete_network(slot)
-    await run_command(["ip", "netns", "add", namespace])
-    # Interfaces created in the namespace from now on (its eth0) start with IPv6 disabled.
-    await run_command(["ip", "netns", "exec", namespace, "sysctl", "-q", "-w", *NO_IPV6_SYSCTLS])
     host_side = "\n".join(
         [
+            f"netns add {namespace}",
+            # Interfaces created in the namespace from now on (its eth0) start with IPv6 disabled.
+            f"netns exec {namespace} sysctl -q -w {' '.join(NO_IPV6_SYSCTLS)}",
             f"link add {veth} type veth peer name eth0 netns {namespace}",
             f"addr add {addresses.host}/{prefix} dev {veth}",
+            f"link set {veth} up",
         ]
     )
     await run_command(["ip", "-batch", "-"], input_text=host_side + "\n")
-    # Before the link comes up, so the host end never gets a link-local address a sandbox could reach.
+    # Removes any link-local address the host end got on coming up; no sandbox runs here yet.
     _disable_host_ipv6(veth)
-    await run_command(["ip", "link", "set", veth, "up"])
     inside = "\n".join(
         [
             f"addr add {addresses.sandbox}/{prefix} dev eth0",

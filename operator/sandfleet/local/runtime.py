@@ -360,6 +360,7 @@ class LocalRuntime:
             "--overlay2=root:memory",
         ]
         if self.debug_log_dir is not None:
+            # runsc's debug logs grow with what the sandbox does, without bound: debugging only.
             flags += ["--debug", f"--debug-log={self.debug_log_dir}/"]
         return flags
 
