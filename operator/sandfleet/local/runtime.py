@@ -387,6 +387,7 @@ class LocalRuntime:
         output = self._outputs.get(sandbox.id)
         if output is None:
             return "(no log)"
+        output.pull()  # what runsc wrote just before failing may not have been read yet
         return output.text()[-2000:].strip() or "(empty)"
 
     def output_tail(self, sandbox: Sandbox) -> bytes:
@@ -515,6 +516,13 @@ class _OutputTail:
         """The tail as text."""
         return self.tail().decode(errors="replace")
 
+    def pull(self) -> None:
+        """Read what is in the pipe now, up to one tail's worth (for an error message)."""
+        if self._closed:
+            return
+        with contextlib.suppress(OSError):
+            self._keep(os.read(self._fd, OUTPUT_TAIL_BYTES))
+
     def close(self) -> None:
         """Stop reading and close the pipe."""
         if self._closed:
@@ -536,9 +544,7 @@ class _OutputTail:
             self._loop.remove_reader(self._fd)
             self._on_eof()
             return
-        self._buffer += chunk
-        if len(self._buffer) > 2 * OUTPUT_TAIL_BYTES:
-            del self._buffer[:-OUTPUT_TAIL_BYTES]
+        self._keep(chunk)
         now = time.monotonic()
         if now - self._window_start >= 1.0:
             self._window_start, self._window_bytes = now, 0
@@ -546,6 +552,11 @@ class _OutputTail:
         if self._window_bytes >= OUTPUT_DRAIN_BYTES_PER_S:
             self._loop.remove_reader(self._fd)
             self._resume = self._loop.call_later(1.0 - (now - self._window_start), self._continue)
+
+    def _keep(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        if len(self._buffer) > 2 * OUTPUT_TAIL_BYTES:
+            del self._buffer[:-OUTPUT_TAIL_BYTES]
 
     def _continue(self) -> None:
         self._resume = None
