@@ -31,7 +31,9 @@ async def run(count: int) -> dict[str, object]:
     files: list[float] = []
     async with LocalRuntime(image, runsc) as runtime:
         sandbox = await runtime.create()
-        async with httpx.AsyncClient(base_url=sandbox.url, timeout=30, trust_env=False) as client:
+        async with httpx.AsyncClient(
+            base_url=sandbox.url, headers=sandbox.headers, timeout=30, trust_env=False
+        ) as client:
             for index in range(WARMUP + count):
                 started = time.perf_counter()
                 response = await client.post("/v1/exec", json={"argv": ["true"]})

@@ -52,7 +52,9 @@ async def run(runs: int) -> dict[str, object]:
                 log(NAME, f"cold {index + 1}/{runs}: last {cold[-1] * 1000:.0f} ms")
 
         golden = await runtime.create()
-        async with httpx.AsyncClient(base_url=golden.url, timeout=30, trust_env=False) as agent:
+        async with httpx.AsyncClient(
+            base_url=golden.url, headers=golden.headers, timeout=30, trust_env=False
+        ) as agent:
             # A set-up task: a checked-out tree and an interpreter with its modules already imported.
             setup = "mkdir -p repo && seq 1 2000 | sed 's/^/line /' > repo/data.txt"
             await agent.post("/v1/exec", json={"shell": setup})
@@ -79,7 +81,9 @@ async def run(runs: int) -> dict[str, object]:
                 started = time.monotonic()
                 lease = await pool.acquire()
                 leased = time.monotonic()
-                response = await client.post(f"{lease.sandbox.url}/v1/exec", json={"argv": ["true"]})
+                response = await client.post(
+                    f"{lease.sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=lease.sandbox.headers
+                )
                 assert response.json()["exit_code"] == 0
                 warm_lease.append(leased - started)
                 first_exec.append(time.monotonic() - started)

@@ -73,7 +73,9 @@ async def run(count: int, rounds: int) -> dict[str, object]:
                 nonlocal failures
                 begun = time.perf_counter()
                 try:
-                    response = await client.post(f"{sandbox.url}/v1/exec", json={"argv": ["true"]})
+                    response = await client.post(
+                        f"{sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=sandbox.headers
+                    )
                     ok = response.status_code == 200 and response.json()["exit_code"] == 0
                 except httpx.HTTPError:
                     ok = False
