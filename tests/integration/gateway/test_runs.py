@@ -42,3 +42,23 @@ def test_a_version_published_through_one_gateway_is_enforced_by_another(
         backwards = actor.post(f"/v1/runs/{run}/policy", json={"version": 8})
         assert backwards.status_code == 409
         assert learner.post(f"/v1/runs/{run}/policy", json={"version": 10}).status_code == 200
+
+
+def test_a_run_belongs_to_its_creator_on_every_replica(start_gateway: GatewayFactory, kube: Kubectl) -> None:
+    first, second = start_gateway(), start_gateway()
+    with first.client() as owner, second.client(token="other-token") as other:
+        assert owner.post("/v1/runs/owned/policy", json={"version": 2}).status_code == 200
+        stored = json.loads(kube.json("get", "configmap", configmap_name("owned"))["data"]["policy.json"])
+        assert stored["owner"] == "actor-0"
+        # The other replica reads the owner from the ConfigMap, not from its own memory.
+        hijack = other.post("/v1/runs/owned/policy", json={"version": 99})
+        assert hijack.status_code == 403, hijack.text
+        assert hijack.json()["error"] == "run_forbidden"
+        assert other.get("/v1/runs/owned/profile").status_code == 403
+        assert owner.post("/v1/runs/owned/policy", json={"version": 3}).status_code == 200
+        # A run with no policy yet is claimed in the cluster too: the other replica knows its owner.
+        now = time.time()
+        spans = {"spans": [{"phase": "generate", "start": now - 1, "end": now}]}
+        assert owner.post("/v1/runs/spans-only/spans", json=spans).status_code == 200
+        squat = other.post("/v1/runs/spans-only/policy", json={"version": 1000, "staleness_bound": 0})
+        assert squat.status_code == 403, squat.text
