@@ -24,6 +24,9 @@ class PoolInfo:
     # The most sandboxes (warm, starting and leased) the pool may ever hold: a group or a prefetch
     # above it can never be served, so it is refused at once.
     max_sandboxes: int = 100_000
+    # Whether a prefetch can warm images other than the template's (the local runtime runs one):
+    # when not, an acquire for another image can never be served and is refused at once.
+    other_images: bool = True
 
 
 class Backend(Protocol):

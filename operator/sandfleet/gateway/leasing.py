@@ -15,7 +15,7 @@ from sandfleet.core.lease_keys import KeyOwner, key_owner
 from sandfleet.core.leases import Lease, LeaseError, choose_ttl
 from sandfleet.core.model import image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_order
-from sandfleet.core.quotas import Quotas, check_group, check_leases, check_prefetch
+from sandfleet.core.quotas import CapacityError, Quotas, check_group, check_leases, check_prefetch
 from sandfleet.core.sandboxes import Sandbox
 from sandfleet.core.warm_index import Shelf
 from sandfleet.gateway.backend import Backend, PoolInfo
@@ -189,6 +189,12 @@ class LeaseService:
         """Lease `count` sandboxes from the pool, waiting in its FIFO queue if none is warm."""
         pool = self.pool(request.pool)
         check_group(request.count, pool.name, pool.max_sandboxes, self.quotas)
+        if request.image and not pool.other_images and image_key(request.image) != image_key(pool.image):
+            raise CapacityError(
+                "image_not_served",
+                f"pool {pool.name!r} runs only {pool.image!r}, never {request.image!r}: "
+                "leave out `image`, or lease from a pool whose template runs it",
+            )
         ttl = choose_ttl(request.ttl_seconds, pool.default_ttl_seconds, pool.max_ttl_seconds)
         shelf = (pool.name, image_key(request.image or pool.image))
         if request.idempotency_key:

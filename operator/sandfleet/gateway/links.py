@@ -12,11 +12,12 @@ from typing import Any
 LEASES = "/v1/leases"
 LEASE_ID = "$response.body#/leases/0/id"
 POOLS = "/v1/pools"
-# A short wait: a chain that finds no warm sandbox moves on instead of blocking the run.
+# A wait long enough for a refill, and below a tester's usual response-time limit (10 s): a chain
+# that finds no warm sandbox then moves on instead of blocking the run.
 ACQUIRE_FROM_POOLS = {
     "pool": "$response.body#/pools/0/name",
     "count": 1,
-    "wait_seconds": 1,
+    "wait_seconds": 8,
 }
 
 

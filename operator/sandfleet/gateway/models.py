@@ -17,7 +17,8 @@ IMAGE = r"^[!-~]+$"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: `true` is not the integer 1, and "5" is not 5; a client is told, not guessed at.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # "A pool, an image, or both", in the schema too, so a client (or a generated test) knows `{}` is

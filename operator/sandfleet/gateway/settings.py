@@ -40,6 +40,33 @@ class GatewaySettings(BaseSettings):
     )
 
 
+class CapacitySettings(BaseSettings):
+    """What one tenant may take, and how long a group may be overtaken (both gateways, both runtimes).
+
+    Read from SANDFLEET_GATEWAY_* by `sandfleet gateway` and `sandfleet serve --local` alike.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SANDFLEET_GATEWAY_", extra="ignore")
+
+    max_leases_per_tenant: int = Field(
+        2000, ge=1, description="Live leases (plus those being acquired) one caller may hold; 429 above."
+    )
+    max_group_size: int = Field(256, ge=1, description="Sandboxes one acquire may ask for; 422 above.")
+    max_prefetch_per_tenant: int = Field(
+        1024, ge=1, description="Warm sandboxes one prefetch may ask for, all images together; 422 above."
+    )
+    overtake_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="How long a request that cannot be served whole yet may be overtaken by smaller "
+        "ones behind it; after that it collects every sandbox that becomes warm (0: strict FIFO).",
+    )
+
+    def quotas(self) -> Quotas:
+        return Quotas(self.max_leases_per_tenant, self.max_group_size, self.max_prefetch_per_tenant)
+
+
 class TenantSettings(BaseSettings):
     """The tenant boundary: who may act on a run, what one caller (or address) can make us hold.
 
@@ -81,30 +108,3 @@ class TenantSettings(BaseSettings):
         return BodyLimits(
             self.max_body_bytes, self.max_agent_body_bytes, self.max_upload_bytes, self.body_idle_seconds
         )
-
-
-class CapacitySettings(BaseSettings):
-    """What one tenant may take, and how long a group may be overtaken (both gateways, both runtimes).
-
-    Read from SANDFLEET_GATEWAY_* by `sandfleet gateway` and `sandfleet serve --local` alike.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="SANDFLEET_GATEWAY_", extra="ignore")
-
-    max_leases_per_tenant: int = Field(
-        2000, ge=1, description="Live leases (plus those being acquired) one caller may hold; 429 above."
-    )
-    max_group_size: int = Field(256, ge=1, description="Sandboxes one acquire may ask for; 422 above.")
-    max_prefetch_per_tenant: int = Field(
-        1024, ge=1, description="Warm sandboxes one prefetch may ask for, all images together; 422 above."
-    )
-    overtake_seconds: float = Field(
-        5.0,
-        ge=0,
-        le=3600,
-        description="How long a request that cannot be served whole yet may be overtaken by smaller "
-        "ones behind it; after that it collects every sandbox that becomes warm (0: strict FIFO).",
-    )
-
-    def quotas(self) -> Quotas:
-        return Quotas(self.max_leases_per_tenant, self.max_group_size, self.max_prefetch_per_tenant)
