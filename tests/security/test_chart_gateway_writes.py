@@ -171,7 +171,10 @@ def test_gateway_may_not_touch_other_pods_or_configmaps(installed: Kubectl) -> N
     assert refused.returncode != 0
     assert "sandfleet's sandbox Pods only" in refused.stderr, refused.stderr
     for name in ("app-config", "kube-root-ca.crt"):
-        refused = _patch(installed, "configmap", name, {"labels": {"x": "y"}})
+        # The Role grants update (not patch) on ConfigMaps: a replace is what the gateway could send.
+        changed = installed.json("get", "configmap", name)
+        changed["metadata"].setdefault("labels", {})["x"] = "y"
+        refused = _as_gateway(installed, "replace", "-f", "-", stdin=json.dumps(changed))
         assert refused.returncode != 0
         assert "only its run ConfigMaps" in refused.stderr, refused.stderr
     created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "not-a-run"}}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -124,16 +125,35 @@ def test_apiserver_refuses_a_pool_naming_a_runtime_class_that_is_not_allowed(
             kubectl.run("delete", doc["kind"].lower(), doc["metadata"]["name"], "--wait=false")
 
 
+@pytest.fixture
+def plain_runtime_class(kubectl: Kubectl, namespace: str) -> Iterator[str]:
+    """A RuntimeClass that exists but is no gVisor (handler runc): what an escaping pool would name."""
+    name = f"plain-{namespace}"
+    kubectl.apply(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": name},
+            "handler": "runc",
+        }
+    )
+    yield name
+    kubectl.run("delete", "runtimeclass", name, "--wait=false")
+
+
 @pytest.mark.cluster
 def test_operator_refuses_a_pool_naming_a_runtime_class_that_is_not_allowed(
-    kube: Kubectl, start_operator: Any, runtime_class: str
+    kube: Kubectl, start_operator: Any, runtime_class: str, plain_runtime_class: str
 ) -> None:
     # No admission policy in this namespace: the operator is the last lock.
     operator: OperatorProcess = start_operator()
     kube.apply(pool_manifest("allowed", 2, regions=[{"name": "us-east1", "minWarm": 1}]))
     kube.apply(
         pool_manifest(
-            "escape", 2, regions=[{"name": "us-east1", "minWarm": 1}], template={"runtimeClassName": "runc"}
+            "escape",
+            2,
+            regions=[{"name": "us-east1", "minWarm": 1}],
+            template={"runtimeClassName": plain_runtime_class},
         )
     )
     wait_ready(kube, "allowed", operator)
@@ -144,7 +164,7 @@ def test_operator_refuses_a_pool_naming_a_runtime_class_that_is_not_allowed(
 
     wait_until(refused, timeout=60, what=f"the escape pool to be refused; log:\n{operator.log()}")
     message = condition(kube, "escape", "Degraded")["message"]
-    assert "'runc'" in message, message
+    assert f"'{plain_runtime_class}'" in message, message
     assert runtime_class in message, message
     assert condition(kube, "escape", "Ready")["status"] == "False"
     events = kube.json("get", "events", "--field-selector", "involvedObject.name=escape")["items"]
