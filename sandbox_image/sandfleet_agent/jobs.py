@@ -7,9 +7,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from sandfleet_agent.command import Command
 from sandfleet_agent.errors import AgentError, not_found
 from sandfleet_agent.process import ExecResult, ExecSpec, run
-from sandfleet_agent.supervisor import Supervised
 
 DEFAULT_JOB_OUTPUT_BYTES = 16 << 20
 MAX_JOBS_KEPT = 256
@@ -24,7 +24,7 @@ class Job:
     spec: ExecSpec
     created_at: float
     result: ExecResult = field(default_factory=ExecResult)
-    proc: Supervised | None = None
+    proc: Command | None = None
     error: AgentError | None = None
     finished: threading.Event = field(default_factory=threading.Event)
     stop_requested: bool = False
@@ -86,7 +86,7 @@ class JobTable:
         )
         started = threading.Event()
 
-        def on_start(proc: Supervised) -> None:
+        def on_start(proc: Command) -> None:
             job.proc = proc
             job.result.pid = proc.pid
             started.set()

@@ -1,4 +1,4 @@
-"""Runs one command as its user under a supervisor: stdin, capped output, a deadline ending all it started."""
+"""Runs one command as its user: stdin, capped output, a deadline that ends every process it started."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandfleet_agent import reaper, supervisor
+from sandfleet_agent import command, reaper
+from sandfleet_agent.command import Command
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.params import (
     optional_float,
@@ -25,7 +26,6 @@ from sandfleet_agent.params import (
     optional_str_map,
 )
 from sandfleet_agent.paths import Workspace
-from sandfleet_agent.supervisor import Supervised
 from sandfleet_agent.users import Identity
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -166,36 +166,36 @@ def wait_and_forget(proc: subprocess.Popen[bytes], timeout: float | None = None)
     return code
 
 
-def spawn(spec: ExecSpec) -> Supervised:
-    """Start the command as its user, under a supervisor that every process it starts stays below."""
+def spawn(spec: ExecSpec) -> Command:
+    """Start the command as its user, marked so that every process it starts can be ended."""
     try:
-        return supervisor.spawn(
+        return command.start(
             spec.argv, cwd=spec.cwd, env=spec.env, with_stdin=bool(spec.stdin), user=spec.user
         )
-    except supervisor.SpawnError as error:
+    except command.SpawnError as error:
         raise _spawn_error(spec, error) from None
 
 
-def _spawn_error(spec: ExecSpec, error: supervisor.SpawnError) -> AgentError:
+def _spawn_error(spec: ExecSpec, error: command.SpawnError) -> AgentError:
     if error.in_cwd:
         return unprocessable(
-            f"cannot enter cwd {str(spec.cwd)!r} as the command's user: {os.strerror(error.errno)}",
+            f"cannot enter cwd {str(spec.cwd)!r} as the command's user: {os.strerror(error.code)}",
             "bad_cwd",
         )
-    if error.errno == errno.ENOENT:
+    if error.code == errno.ENOENT:
         return unprocessable(f"command not found: {spec.argv[0]!r}", "command_not_found")
-    if error.errno in (errno.EACCES, errno.EPERM):
+    if error.code in (errno.EACCES, errno.EPERM):
         return unprocessable(f"command is not executable: {spec.argv[0]!r}", "command_not_executable")
-    if error.errno == errno.ENOEXEC:
+    if error.code == errno.ENOEXEC:
         return unprocessable(f"not an executable format: {spec.argv[0]!r}", "command_not_executable")
-    return unprocessable(f"cannot start {spec.argv[0]!r}: {os.strerror(error.errno)}", "spawn_failed")
+    return unprocessable(f"cannot start {spec.argv[0]!r}: {os.strerror(error.code)}", "spawn_failed")
 
 
 def run(
     spec: ExecSpec,
     sink: OutputSink | None = None,
     *,
-    on_start: Callable[[Supervised], None] | None = None,
+    on_start: Callable[[Command], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     into: ExecResult | None = None,
     lock: AbstractContextManager[object] | None = None,
@@ -234,7 +234,7 @@ def run(
 
 
 def _pump(
-    proc: Supervised,
+    proc: Command,
     spec: ExecSpec,
     result: ExecResult,
     sink: OutputSink | None,
@@ -307,7 +307,7 @@ def _keep(result: ExecResult, stream: str, chunk: bytes, cap: int) -> bytes:
     return kept
 
 
-def _kill(proc: Supervised, result: ExecResult) -> None:
+def _kill(proc: Command, result: ExecResult) -> None:
     result.killed = True
     proc.kill()
 

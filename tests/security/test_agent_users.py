@@ -16,15 +16,25 @@ from tests.e2e.local.conftest import sh
 
 pytestmark = pytest.mark.gvisor
 
-IDENTITY = 'id -u; id -g; id -G; echo "$HOME"; grep -E "^Cap(Inh|Prm|Eff|Bnd|Amb):" /proc/self/status'
-SANDBOX_USER = ["1000", "1000", "1000", "/home/sandbox"]
+IDENTITY = (
+    'id -u; id -g; id -G; echo "$HOME"; grep -E "^(Uid|Gid):" /proc/self/status | tr -s "\\t" " "; '
+    'grep -E "^Cap(Inh|Prm|Eff|Bnd|Amb):" /proc/self/status'
+)
+# Real, effective, saved and file-system ids all 1000: no way back to root.
+SANDBOX_USER = ["1000", "1000", "/home/sandbox", "Uid: 1000 1000 1000 1000", "Gid: 1000 1000 1000 1000"]
+# The one supplementary group is the command's marker: a gid no file or group entry names.
+MARKER_BASE = 0x4000_0000
 NO_CAPS = "0000000000000000"
 
 
 def _identity(stdout: str) -> tuple[list[str], dict[str, str]]:
     lines = stdout.split("\n")
-    caps = dict(line.split(":\t") for line in lines[4:] if line)
-    return lines[:4], caps
+    caps = dict(line.split(":\t") for line in lines[6:] if line)
+    groups = lines[2].split()
+    assert len(groups) == 2, groups
+    assert groups[0] == "1000"
+    assert int(groups[1]) >= MARKER_BASE
+    return [line.strip() for index, line in enumerate(lines[:6]) if index != 2], caps
 
 
 async def test_exec_stream_and_jobs_run_as_the_sandbox_user_without_groups_or_capabilities(
@@ -40,11 +50,15 @@ async def test_exec_stream_and_jobs_run_as_the_sandbox_user_without_groups_or_ca
     await agent.get(f"/v1/jobs/{job['job_id']}/wait", params={"timeout_s": 30})
     output = (await agent.get(f"/v1/jobs/{job['job_id']}/output")).json()
     outputs.append(str(output["data"]))
+    markers = {stdout.split("\n")[2] for stdout in outputs}
+    assert len(markers) == 3, "every command has a marker of its own"
     for stdout in outputs:
         ids, caps = _identity(stdout)
         assert ids == SANDBOX_USER
         for name in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
             assert caps[name] == NO_CAPS, f"{name} {caps[name]}"
+    drop = await sh(agent, "setpriv --clear-groups true; setpriv --groups=1000 true")
+    assert str(drop["stderr"]).count("Operation not permitted") == 2, "the marker cannot be dropped"
     pid1 = await sh(agent, "grep -E '^(Uid|Gid):' /proc/1/status")
     assert str(pid1["stdout"]).split()[1] == "0", "the agent itself is root inside gVisor"
 

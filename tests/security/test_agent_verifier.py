@@ -51,7 +51,7 @@ async def test_the_verifier_runs_as_its_own_user_in_a_directory_the_sandbox_user
     write = await sh(agent, "touch /logs/verifier/x; touch /logs/x; ls -ld /logs /logs/verifier")
     assert write["stderr"].count("Permission denied") == 2, write
     script = (
-        'id -u; id -G; echo "$HOME"; touch /workspace/verifier-was-here 2>/dev/null || echo ro; '
+        'id -u; id -g; echo "$HOME"; touch /workspace/verifier-was-here 2>/dev/null || echo ro; '
         'echo 0.5 > "$SANDFLEET_VERIFIER_DIR/reward.txt"; '
         'printf \'<testsuite><testcase classname="t" name="a"/><testcase classname="t" name="b">'
         '<failure/></testcase></testsuite>\' > "$SANDFLEET_VERIFIER_DIR/junit.xml"'
