@@ -24,6 +24,7 @@ from tests.support.capacity import (
     capacity_gateway,
     timed,
 )
+from tests.support.contract import EXCLUDED_CHECKS, config_file
 from tests.support.kube import wait_until
 from tests.support.servers import free_port, stop_local_serve, wait_until_ready
 
@@ -32,24 +33,6 @@ __all__ = ["capacity", "capacity_gateway"]
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
 SAMPLE = {"{lease_id}": "local.nope", "{job}": "abc", "{run}": "r1"}
-# Every check, but one: positive_data_acceptance wants every schema-valid request accepted, and two
-# kinds of refusal are right although the static schema cannot express them: limits a pool sets at
-# runtime (its max TTL, its capacity, its image) and data-plane bodies, which the schema declares as
-# free-form objects passed to the sandbox's agent (which refuses an exec with neither argv nor shell).
-EXCLUDED_CHECKS = "positive_data_acceptance"
-# Two statuses are right where the defaults do not expect them: 504 is the documented answer to an
-# acquire whose wait ran out (no_sandbox_in_time: the pool was drained by the run's own leases, not
-# a crash; every other 5xx still fails), and 410 refuses any request, valid or not, on a lease the
-# chain already released.
-CONFIG = """
-[checks.not_a_server_error]
-expected-statuses = ["2xx", "3xx", "4xx", "504"]
-
-[checks.negative_data_rejection]
-expected-statuses = [
-    "400", "401", "403", "404", "405", "406", "409", "410", "413", "415", "422", "428", "429", "5xx",
-]
-"""
 FUZZ_SECONDS = 150
 
 
@@ -152,8 +135,7 @@ def fuzz_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_schemathesis_with_every_check_finds_nothing(fuzz_gateway: str, tmp_path: Path) -> None:
-    config = tmp_path / "schemathesis.toml"
-    config.write_text(CONFIG)
+    config = config_file(tmp_path)
     result = subprocess.run(
         [
             str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config),
