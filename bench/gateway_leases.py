@@ -191,7 +191,7 @@ class Bench:
         root.mkdir(exist_ok=True)
         argv = [
             sys.executable, "-m", "sandfleet_agent", "--host", "127.0.0.1", "--port", str(port),
-            "--root", str(root), "--logs-dir", str(self.workdir / "agent-logs"),
+            "--root", str(root), "--logs-dir", str(self.workdir / "agent-logs"), "--insecure-no-token",
         ]  # fmt: skip
         self.processes.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
         return port

@@ -54,6 +54,10 @@ AGENT_ENTRYPOINT = (
     "8000",
     "--root",
     "/workspace",
+    "--exec-user",
+    f"{SANDBOX_UID}:{SANDBOX_UID}",
+    "--verifier-user",
+    f"{VERIFIER_UID}:{VERIFIER_UID}",
 )
 
 

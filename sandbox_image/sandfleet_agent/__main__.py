@@ -26,17 +26,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--token-file",
         default=os.environ.get("SANDFLEET_AGENT_TOKEN_FILE"),
-        help="file holding a bearer token every route except health and ready requires",
+        help="file holding the bearer token every route except health and ready requires "
+        "(or set SANDFLEET_AGENT_TOKEN)",
+    )
+    parser.add_argument(
+        "--insecure-no-token",
+        action="store_true",
+        help="serve without a token: anyone who reaches the port may run commands (tests only)",
     )
     parser.add_argument(
         "--exec-user",
-        default=os.environ.get("SANDFLEET_AGENT_EXEC_USER", "1000:1000" if os.geteuid() == 0 else "none"),
-        help="UID:GID every exec and job runs as (HOME /home/sandbox), or 'none' for the agent's own",
+        default=os.environ.get("SANDFLEET_AGENT_EXEC_USER", "none"),
+        help="UID:GID every exec and job runs as (HOME /home/sandbox; the image passes 1000:1000), "
+        "or 'none' (the default) for the agent's own",
     )
     parser.add_argument(
         "--verifier-user",
-        default=os.environ.get("SANDFLEET_AGENT_VERIFIER_USER", "1001:1001" if os.geteuid() == 0 else "none"),
-        help="UID:GID evaluate runs the tests as (HOME /home/verifier), or 'none' for the agent's own",
+        default=os.environ.get("SANDFLEET_AGENT_VERIFIER_USER", "none"),
+        help="UID:GID evaluate runs the tests as (HOME /home/verifier; the image passes 1001:1001), "
+        "or 'none' (the default) for the agent's own",
     )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser.parse_args(argv)
@@ -56,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             print(f"sandfleet-agent: cannot read --token-file: {error.strerror}", file=sys.stderr)
             return 2
+    if not token and not args.insecure_no_token:
+        print(
+            "sandfleet-agent: no bearer token: set SANDFLEET_AGENT_TOKEN or pass --token-file "
+            "(every route but /v1/health and /v1/ready requires it); --insecure-no-token serves "
+            "without one, for tests only",
+            file=sys.stderr,
+        )
+        return 2
     try:
         exec_user = parse_identity(args.exec_user, "/home/sandbox")
         verifier_user = parse_identity(args.verifier_user, "/home/verifier")

@@ -173,7 +173,8 @@ class LoopbackKubelet:
             with (root / "agent.log").open("wb") as log:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "sandfleet_agent", "--host", ip, "--port", str(port),
-                     "--root", str(root / "workspace"), "--logs-dir", str(root / "logs")],
+                     "--root", str(root / "workspace"), "--logs-dir", str(root / "logs"),
+                     "--insecure-no-token"],
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 )  # fmt: skip
             agent = Agent(uid, name, str(pod["spec"].get("nodeName", "")), ip, port, process, root)

@@ -35,7 +35,7 @@ def agent(tmp_path: Path) -> Iterator[int]:
     root.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "sandfleet_agent", "--host", "127.0.0.1", "--port", str(port),
-         "--root", str(root), "--logs-dir", str(tmp_path / "logs")],
+         "--root", str(root), "--logs-dir", str(tmp_path / "logs"), "--insecure-no-token"],
     )  # fmt: skip
     wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/ready"), timeout=20, what="the agent")
     yield port

@@ -45,6 +45,7 @@ def start_agent(tmp_path: Path, *extra: str) -> Agent:
             # On the host the agent must not switch users (or sweep a uid's processes): the gVisor
             # suites in tests/security prove the split.
             *("--exec-user", "none", "--verifier-user", "none", *extra),
+            *(() if "--token-file" in extra else ("--insecure-no-token",)),
         ],
         env=env,
         stderr=subprocess.PIPE,

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.unit.agent.conftest import Agent, wait_dead
+from tests.unit.agent.conftest import REPO, Agent, wait_dead
 
 
 def test_health_and_ready(agent: Agent) -> None:
@@ -210,3 +214,37 @@ def test_stdin_and_output_larger_than_pipe_buffers_do_not_deadlock(agent: Agent)
     assert body["timed_out"] is False
     assert body["stdout_bytes"] == len(payload)
     assert body["stdout"] == payload
+
+
+def test_an_agent_without_a_token_refuses_to_start(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SANDFLEET_AGENT_TOKEN"}
+    env["PYTHONPATH"] = str(REPO / "sandbox_image")
+    (tmp_path / "ws").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "sandfleet_agent", "--port", "0", "--root", str(tmp_path / "ws")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "no bearer token: set SANDFLEET_AGENT_TOKEN or pass --token-file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_agents_token_is_not_in_a_commands_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.unit.agent.conftest import start_agent, stop_agent
+
+    monkeypatch.setenv("SANDFLEET_AGENT_TOKEN", "t0ken-in-env")
+    agent = start_agent(tmp_path)
+    try:
+        assert agent.exec(argv=["true"]).status_code == 401
+        seen = agent.client.post(
+            "/v1/exec", json={"argv": ["env"]}, headers={"Authorization": "Bearer t0ken-in-env"}
+        ).json()
+        assert "t0ken-in-env" not in seen["stdout"]
+        assert "SANDFLEET_AGENT_TOKEN" not in seen["stdout"]
+    finally:
+        stop_agent(agent)
