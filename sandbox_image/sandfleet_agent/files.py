@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import shutil
 import stat
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from http import HTTPStatus
 from pathlib import Path
@@ -18,6 +19,8 @@ from sandfleet_agent.paths import Workspace
 from sandfleet_agent.streams import ByteSink, ByteSource, StreamFile
 
 COPY_CHUNK = 256 << 10
+# New files are created relative to a directory descriptor, never through a link at their name.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_LIST_ENTRIES = 100_000
 
 
@@ -57,19 +60,34 @@ def stat_path(workspace: Workspace, raw: str) -> dict[str, object]:
 def open_for_read(workspace: Workspace, raw: str) -> tuple[BinaryIO, int]:
     """Open a regular file for streaming out; returns the file and its size."""
     path = workspace.resolve(raw)
+    if path == workspace.root:
+        raise unprocessable(f"{raw!r} is a directory", "is_a_directory")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - the caller streams it out and closes it
+        parent = workspace.open_dir(path.parent)
+        try:
+            # Not through a link swapped in since resolving, and never blocking on a fifo.
+            descriptor = os.open(path.name, flags, dir_fd=parent)
+        finally:
+            os.close(parent)
     except FileNotFoundError:
         raise not_found(f"no such file: {raw!r}", code="file_not_found") from None
-    except IsADirectoryError:
-        raise unprocessable(f"{raw!r} is a directory", "is_a_directory") from None
     except PermissionError:
         raise AgentError(HTTPStatus.FORBIDDEN, "permission_denied", f"cannot read {raw!r}") from None
-    info = os.fstat(handle.fileno())
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise AgentError(
+                HTTPStatus.CONFLICT, "path_changed", f"{raw!r} became a link while the agent used it; retry"
+            ) from None
+        raise
+    info = os.fstat(descriptor)
     if not stat.S_ISREG(info.st_mode):
-        handle.close()
+        os.close(descriptor)
+        if stat.S_ISDIR(info.st_mode):
+            raise unprocessable(f"{raw!r} is a directory", "is_a_directory")
         raise unprocessable(f"{raw!r} is not a regular file", "not_a_file")
-    return handle, info.st_size
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "rb"), info.st_size
 
 
 def write_file(
@@ -79,20 +97,24 @@ def write_file(
     path = workspace.resolve(raw)
     if path == workspace.root or path.is_dir():
         raise unprocessable(f"{raw!r} is a directory", "is_a_directory")
-    _make_parents(workspace, path, raw)
-    descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    parent = _make_parents(workspace, path, raw)
+    temp_name = f".{path.name}.{secrets.token_hex(6)}.part"
     try:
-        with os.fdopen(descriptor, "wb") as out:
-            written = copy_stream(source, out, length)
-            # Owner before mode: a set-id bit is the commands' user's, never the agent's.
-            if workspace.owner is not None:
-                os.fchown(out.fileno(), *workspace.owner)
-            os.fchmod(out.fileno(), mode if mode is not None else 0o644)
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
+        descriptor = os.open(temp_name, _CREATE | os.O_EXCL, 0o600, dir_fd=parent)
+        try:
+            with os.fdopen(descriptor, "wb") as out:
+                written = copy_stream(source, out, length)
+                # Owner before mode: a set-id bit is the commands' user's, never the agent's.
+                if workspace.owner is not None:
+                    os.fchown(out.fileno(), *workspace.owner)
+                os.fchmod(out.fileno(), mode if mode is not None else 0o644)
+            os.replace(temp_name, path.name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp_name, dir_fd=parent)
+            raise
+    finally:
+        os.close(parent)
     return {"path": workspace.relative(path), "size": written}
 
 
@@ -153,18 +175,22 @@ def delete(workspace: Workspace, raw: str, recursive: bool) -> dict[str, object]
         raise unprocessable("refusing to delete the working area itself", "cannot_delete_root")
     if not os.path.lexists(path):
         raise not_found(f"no such file or directory: {raw!r}", code="file_not_found")
-    if path.is_dir() and not path.is_symlink():
-        if not recursive:
-            try:
-                path.rmdir()
-            except OSError:
-                raise unprocessable(
-                    f"{raw!r} is a non-empty directory; pass recursive=1", "directory_not_empty"
-                ) from None
+    parent = workspace.open_dir(path.parent)
+    try:
+        if stat.S_ISDIR(os.lstat(path.name, dir_fd=parent).st_mode):
+            if not recursive:
+                try:
+                    os.rmdir(path.name, dir_fd=parent)
+                except OSError:
+                    raise unprocessable(
+                        f"{raw!r} is a non-empty directory; pass recursive=1", "directory_not_empty"
+                    ) from None
+            else:
+                shutil.rmtree(path.name, dir_fd=parent)
         else:
-            shutil.rmtree(path)
-    else:
-        path.unlink()
+            os.unlink(path.name, dir_fd=parent)
+    finally:
+        os.close(parent)
     return {"path": workspace.relative(path), "deleted": True}
 
 
@@ -201,8 +227,7 @@ def extract_archive(workspace: Workspace, raw: str, source: StreamFile) -> dict[
     new one; on refusal the links that escape are removed, and nothing was written through them.
     """
     dest = workspace.resolve(raw)
-    _make_parents(workspace, dest / "x", raw)
-    _make_dirs(workspace, dest)
+    os.close(_make_parents(workspace, dest / "x", raw))
     files = 0
     total = 0
     links: list[tuple[Path, str]] = []
@@ -211,20 +236,18 @@ def extract_archive(workspace: Workspace, raw: str, source: StreamFile) -> dict[
             for member in tar:
                 target = _member_target(workspace, dest, member)
                 if member.isdir():
-                    _make_dirs(workspace, target)
-                    os.chmod(workspace.resolve(str(target)), (member.mode & 0o777) | 0o700)
+                    directory = workspace.open_dir(target, create=True)
+                    try:
+                        os.fchmod(directory, (member.mode & 0o777) | 0o700)
+                    finally:
+                        os.close(directory)
                 elif member.issym():
                     _check_link(workspace, target, member.linkname, member.name)
-                    _make_dirs(workspace, target.parent)
-                    if os.path.lexists(target):
-                        target.unlink()
-                    os.symlink(member.linkname, target)
-                    workspace.own(target)
+                    _make_link(workspace, target, member.linkname)
                     links.append((target, member.name))
                     for link, name in links:
                         _check_link(workspace, link, os.readlink(link), name)
                 elif member.isreg():
-                    _make_dirs(workspace, target.parent)
                     content = tar.extractfile(member)
                     assert content is not None
                     total += _write_member(workspace, target, content, member)
@@ -241,23 +264,44 @@ def extract_archive(workspace: Workspace, raw: str, source: StreamFile) -> dict[
 
 def _write_member(workspace: Workspace, target: Path, content: ByteSource, member: tarfile.TarInfo) -> int:
     """Write one regular member; an existing link at its name is replaced, never followed."""
-    workspace.resolve(str(target.parent))
-    if target.is_symlink():
-        target.unlink()
-    descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        written = copy_stream(content, out, member.size)
-        if workspace.owner is not None:
-            os.fchown(out.fileno(), *workspace.owner)
-        os.fchmod(out.fileno(), member.mode & 0o777)
+    parent = workspace.open_dir(target.parent, create=True)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.lstat(target.name, dir_fd=parent).st_mode):
+                os.unlink(target.name, dir_fd=parent)
+        descriptor = os.open(target.name, _CREATE | os.O_TRUNC, 0o600, dir_fd=parent)
+        with os.fdopen(descriptor, "wb") as out:
+            written = copy_stream(content, out, member.size)
+            if workspace.owner is not None:
+                os.fchown(out.fileno(), *workspace.owner)
+            os.fchmod(out.fileno(), member.mode & 0o777)
+    finally:
+        os.close(parent)
     return written
+
+
+def _make_link(workspace: Workspace, target: Path, linkname: str) -> None:
+    parent = workspace.open_dir(target.parent, create=True)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(target.name, dir_fd=parent).st_mode):
+                os.unlink(target.name, dir_fd=parent)
+        os.symlink(linkname, target.name, dir_fd=parent)
+        if workspace.owner is not None:
+            os.chown(target.name, *workspace.owner, dir_fd=parent, follow_symlinks=False)
+    finally:
+        os.close(parent)
 
 
 def _remove_escaping(workspace: Workspace, links: list[tuple[Path, str]]) -> None:
     for link, _ in links:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, AgentError):
             if os.path.islink(link) and not _inside(workspace, Path(os.path.realpath(link))):
-                os.unlink(link)
+                parent = workspace.open_dir(link.parent)
+                try:
+                    os.unlink(link.name, dir_fd=parent)
+                finally:
+                    os.close(parent)
 
 
 def unsafe_archive(message: str) -> AgentError:
@@ -290,25 +334,9 @@ def _check_link(workspace: Workspace, target: Path, linkname: str, name: str) ->
         raise unsafe_archive(f"symlink {name!r} -> {linkname!r} resolves outside the working area")
 
 
-def _make_dirs(workspace: Workspace, directory: Path) -> None:
-    """Create a directory and missing parents, giving each one it creates to the commands' user."""
-    missing: list[Path] = []
-    current = directory
-    while not os.path.lexists(current):
-        missing.append(current)
-        current = current.parent
-    for path in reversed(missing):
-        os.mkdir(path)
-        workspace.own(path)
-
-
-def _make_parents(workspace: Workspace, path: Path, raw: str) -> None:
-    parent = path.parent
+def _make_parents(workspace: Workspace, path: Path, raw: str) -> int:
+    """Create the missing parents of `path` (owned by the commands' user); a descriptor of the parent."""
     try:
-        _make_dirs(workspace, parent)
+        return workspace.open_dir(path.parent, create=True)
     except (FileExistsError, NotADirectoryError):
         raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory") from None
-    if not parent.is_dir():
-        raise unprocessable(f"a parent of {raw!r} is not a directory", "not_a_directory")
-    # mkdir follows symlinks in the parents it did not create; re-check where it ended up.
-    workspace.resolve(str(parent))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
 from http import HTTPStatus
 from pathlib import Path
 
@@ -41,7 +44,59 @@ class Workspace:
             )
         return real
 
+    def open_dir(self, directory: Path, *, create: bool = False) -> int:
+        """A descriptor of a resolved directory, reached from the root one name at a time, no link followed.
+
+        The agent is root in the sandbox and the tree is the sandbox user's: between resolving a
+        path and using it, a command could swap a directory for a link to anywhere. Every write
+        happens relative to a descriptor from here, so a swap makes the request fail, never
+        write outside. With `create`, missing directories are made and given to the owner.
+        """
+        try:
+            parts = directory.relative_to(self.root).parts
+        except ValueError:
+            raise AgentError(
+                HTTPStatus.FORBIDDEN, "path_outside_root", f"{str(directory)!r} is outside the working area"
+            ) from None
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.root, flags)
+        try:
+            for part in parts:
+                try:
+                    child = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        if self.owner is not None:
+                            os.chown(part, *self.owner, dir_fd=fd, follow_symlinks=False)
+                    child = os.open(part, flags, dir_fd=fd)
+                except OSError as error:
+                    # O_NOFOLLOW|O_DIRECTORY on a link fails with ELOOP or (Linux) ENOTDIR.
+                    if error.errno == errno.ELOOP or (error.errno == errno.ENOTDIR and _is_link(part, fd)):
+                        raise AgentError(
+                            HTTPStatus.CONFLICT,
+                            "path_changed",
+                            f"{part!r} in {self.relative(directory)!r} became a link while the agent "
+                            "used it; retry",
+                        ) from None
+                    raise
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def relative(self, real: Path) -> str:
         """Render a resolved path the way clients name it: relative to the root ('.' for the root)."""
         rel = os.path.relpath(real, self.root)
         return rel
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False

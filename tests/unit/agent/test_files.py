@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,19 @@ def test_archive_links_that_stay_inside_are_kept(agent: Agent) -> None:
     response = agent.client.put("/v1/files/archive", params={"path": "sub"}, content=_links_archive(entries))
     assert response.status_code == 200, response.text
     assert (agent.root / "sub/link/a.txt").read_bytes() == b"x"
+
+
+def test_a_directory_swapped_for_a_link_is_never_written_through(tmp_path: Path) -> None:
+    from sandfleet_agent.errors import AgentError
+    from sandfleet_agent.paths import Workspace
+
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    workspace = Workspace(root)
+    resolved = workspace.resolve("d/sub")  # resolved while d does not exist yet
+    (root / "d").symlink_to(outside)  # then a command puts a link there
+    with pytest.raises(AgentError) as refused:
+        workspace.open_dir(resolved, create=True)
+    assert (refused.value.status, refused.value.code) == (409, "path_changed")
+    assert list(outside.iterdir()) == []
