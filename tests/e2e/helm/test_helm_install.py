@@ -254,6 +254,15 @@ def test_sandboxes_reach_nothing_and_only_the_gateway_reaches_them(install: Inst
     url = f"http://{target['status']['podIP']}:{8000}/v1/ready"
     # Another Pod of the namespace is no gateway: the agent port is closed to it.
     assert http_get_from_pod(kube, "stranger", url, timeout_s=2).startswith("FAIL")
+    # Nor is it a gateway client until it is labelled as one (networkPolicy.gatewayFrom's default).
+    gateway = f"{install.gateway_url()}/healthz"
+    assert http_get_from_pod(kube, "stranger", gateway, timeout_s=2).startswith("FAIL")
+    kube("label", "pod", "stranger", "sandfleet.dev/client=true")
+    wait_until(
+        lambda: http_get_from_pod(kube, "stranger", gateway, timeout_s=2).startswith("200"),
+        timeout=30,
+        what="a Pod labelled sandfleet.dev/client=true to reach the gateway",
+    )
     stranger_ip = pod_json(kube, "stranger")["status"]["podIP"]
     with install.fleet() as fleet, fleet.lease("python") as sandbox:
         probe = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ NODE_NAME = "sandfleet-real-node"
 REAL_NODE_LABEL = "sandfleet.dev/real-node"
 
 REAL_CLUSTER_ENV = REAL_NODE_TEST_ENV
+# The agent refuses to start without a bearer token: test Pods of the sandbox image carry this one.
+AGENT_TOKEN = secrets.token_hex(16)
+AGENT_HEADERS = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 
 
 class RealClusterError(Exception):
@@ -120,6 +124,7 @@ class RealCluster:
                     "name": "agent",
                     "image": image or self.sandbox_image,
                     "imagePullPolicy": "Never",
+                    "env": [{"name": "SANDFLEET_AGENT_TOKEN", "value": AGENT_TOKEN}],
                     "ports": [{"containerPort": 8000}],
                     "readinessProbe": {
                         "httpGet": {"path": "/v1/ready", "port": 8000},

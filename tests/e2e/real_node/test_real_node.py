@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from localcluster import images
-from tests.e2e.real_node.cluster import RealCluster, http_get_from_pod, pod_json
+from tests.e2e.real_node.cluster import AGENT_HEADERS, RealCluster, http_get_from_pod, pod_json
 from tests.support.kube import Kubectl, wait_until
 
 READY_TIMEOUT = "120s"
@@ -40,7 +40,13 @@ def test_gvisor_pod_runs_the_sandbox_under_gvisor(real_cluster: RealCluster) -> 
         assert kernel != os.uname().release, "the pod sees the host kernel: it is not sandboxed"
         # The agent's API from the host, straight to the pod's IP on the node's bridge.
         pod_ip = pod_json(kube, "sandbox")["status"]["podIP"]
-        with httpx.Client(base_url=f"http://{pod_ip}:8000", timeout=30, trust_env=False) as agent:
+        with httpx.Client(
+            base_url=f"http://{pod_ip}:8000", timeout=30, trust_env=False, headers=AGENT_HEADERS
+        ) as agent:
+            assert (
+                agent.post("/v1/exec", json={"argv": ["true"]}, headers={"Authorization": ""}).status_code
+                == 401
+            )
             result = agent.post("/v1/exec", json={"argv": ["cat", "/proc/version"]}).json()
         assert result["exit_code"] == 0
         assert "gVisor" in result["stdout"] or kernel in result["stdout"], result
