@@ -146,7 +146,10 @@ async def test_ipv6_from_a_sandbox_reaches_nothing_on_the_host(
     assert _ipv6_addresses("dev", network.veth_name(sandbox.slot)) == []
     assert _ipv6_addresses("dev", "eth0", netns=network.netns_name(sandbox.slot)) == []
     # And, should IPv6 come back on a veth, ip6tables drops it (defence in depth).
-    rules = subprocess.run(["ip6tables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
+    listing = await asyncio.to_thread(
+        subprocess.run, ["ip6tables", "-w", "-S"], capture_output=True, text=True, check=True
+    )
+    rules = listing.stdout
     assert f"-A INPUT -i {network.VETH_PREFIX}+ -j {network.INPUT_CHAIN}" in rules
     assert f"-A {network.INPUT_CHAIN} -j DROP" in rules
     # IPv4 to the host's side of the veth stays blocked too.
