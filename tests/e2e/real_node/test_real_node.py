@@ -147,3 +147,27 @@ def test_import_image_names_an_archive_for_pods(real_cluster: RealCluster) -> No
         del pod["spec"]["containers"][0]["readinessProbe"]  # catatonit -P serves nothing
         kube.apply(pod)
         kube("wait", "--for=jsonpath={.status.phase}=Running", "pod/imported", "--timeout=60s", timeout=90)
+
+
+def test_a_sandbox_that_writes_past_its_ephemeral_storage_limit_is_evicted(real_cluster: RealCluster) -> None:
+    """What a sandbox writes lands on the node's disk: the limit the operator sets (core/pods.py)
+    holds under gVisor too: the kubelet counts the sandbox's writable layer and evicts it."""
+    with real_cluster.namespace() as kube:
+        pod = real_cluster.pod("fill", gvisor=True)
+        pod["spec"]["containers"][0]["resources"] = {
+            "requests": {"ephemeral-storage": "32Mi"},
+            "limits": {"ephemeral-storage": "64Mi"},
+        }
+        _run_pods(kube, pod)
+        kube("exec", "fill", "--", "dd", "if=/dev/urandom", "of=/root/fill", "bs=1M", "count=200", timeout=60)
+
+        def evicted() -> bool:
+            events = kube.json("get", "events", "--field-selector", "involvedObject.name=fill")["items"]
+            return any(e["reason"] == "Evicted" and "ephemeral local storage" in e["message"] for e in events)
+
+        wait_until(evicted, timeout=90, what="the kubelet to evict a sandbox 136 MiB past its disk limit")
+        wait_until(
+            lambda: pod_json(kube, "fill")["status"]["phase"] in ("Succeeded", "Failed"),
+            timeout=60,
+            what="the evicted sandbox to stop",
+        )
