@@ -4,6 +4,9 @@ and the Pod Security levels the apiserver itself grants them (and the chart's ow
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ from sandfleet.core.pods import SANDBOX_CAPABILITIES, sandbox_pod
 from tests.support.kube import Kubectl, wait_until
 from tests.unit.helm.chart import named, objects, pod_templates, render
 
+SANDFLEET = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "sandfleet"
 POOL: dict[str, Any] = {
     "metadata": {"namespace": "ns", "name": "python", "uid": "u-1", "generation": 1},
     "spec": {
@@ -176,3 +180,27 @@ def test_pod_security_admits_sandboxes_at_baseline_and_the_charts_pods_at_restri
     finally:
         for kube in (baseline, restricted):
             kubectl("delete", "namespace", str(kube.namespace), "--wait=false")
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (None, "no agent key: pass --agent-key-file"),
+        ("short", "the agent key has 5 bytes; it needs at least 32"),
+    ],
+    ids=["missing", "short"],
+)
+def test_operator_refuses_to_start_without_an_agent_key(
+    tmp_path: Path, key: str | None, message: str
+) -> None:
+    # Sandboxes made without a token would have agents nobody (or anybody) could call: never start.
+    argv = [str(SANDFLEET), "operator", "-n", "nowhere", "--metrics-port", "0"]
+    if key is not None:
+        (tmp_path / "key").write_text(key)
+        argv += ["--agent-key-file", str(tmp_path / "key")]
+    env = {k: v for k, v in os.environ.items() if k != "SANDFLEET_OPERATOR_AGENT_KEY_FILE"}
+    env["KUBECONFIG"] = str(tmp_path / "no-cluster")
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
