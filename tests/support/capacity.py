@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.kube import wait_until
-from tests.support.servers import free_port, stop_local_serve, wait_until_ready
+from tests.support.servers import start_local_serve, stop_local_serve
 
 TOKENS = {"tenant-a": "a-token", "tenant-b": "b-token"}
 WARM = 2
@@ -64,19 +63,11 @@ def capacity_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capac
     if os.geteuid() != 0:
         pytest.fail("the capacity tests run a real gVisor gateway: they need root")
     directory = tmp_path_factory.mktemp("capacity")
-    tokens = directory / "tokens"
-    tokens.write_text("".join(f"{token} {name}\n" for name, token in TOKENS.items()))
-    port = free_port()
-    log = directory / "serve.log"
-    argv = [
-        sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port), "--warm", str(WARM),
-        "--pool", "python", "--token-file", str(tokens), "--policy-file", str(directory / "policies.json"),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, env={**os.environ, **SETTINGS}, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    policies = ["--policy-file", str(directory / "policies.json")]
+    url, process, log = start_local_serve(
+        directory, TOKENS, warm=WARM, settings=SETTINGS, extra_args=policies, timeout=180
+    )
     try:
-        wait_until_ready(url, process, log, timeout=180, what="sandfleet serve to have a warm sandbox")
         gateway = CapacityGateway(url, process, log)
         wait_until(lambda: gateway.pool()["warm"] >= WARM, timeout=120, what=f"{WARM} warm sandboxes")
         yield gateway

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -36,23 +38,39 @@ def free_port() -> int:
         return port
 
 
-def start_local_serve(directory: Path) -> tuple[str, subprocess.Popen[bytes], Path]:
-    """A real `sandfleet serve --local` with 2 warm sandboxes of pool `python`, token `local-token`.
+def start_local_serve(
+    directory: Path,
+    tokens: Mapping[str, str] | None = None,
+    *,
+    warm: int = 2,
+    settings: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = 120,
+) -> tuple[str, subprocess.Popen[bytes], Path]:
+    """A real `sandfleet serve --local` with `warm` sandboxes of pool `python`.
 
-    Returns its URL, its process and its log, once it has a warm sandbox.
+    `tokens` maps each tenant's name to its static token (default: `actor-0` with `local-token`);
+    `settings` are SANDFLEET_GATEWAY_* variables laid over this environment. Returns its URL, its
+    process and its log, once it has a warm sandbox.
     """
     port = free_port()
-    tokens = directory / "tokens"
-    tokens.write_text("local-token actor-0\n")
+    token_file = directory / "tokens"
+    named = tokens if tokens is not None else {"actor-0": "local-token"}
+    token_file.write_text("".join(f"{token} {name}\n" for name, token in named.items()))
     log = directory / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port),
-             "--warm", "2", "--pool", "python", "--token-file", str(tokens)],
-            stdout=out, stderr=subprocess.STDOUT,
+             "--warm", str(warm), "--pool", "python", "--token-file", str(token_file), *extra_args],
+            env={**os.environ, **(settings or {})}, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    wait_until_ready(url, process, log, timeout=120, what="sandfleet serve to have a warm sandbox")
+    try:
+        wait_until_ready(url, process, log, timeout=timeout, what="sandfleet serve to have a warm sandbox")
+    except BaseException:
+        if process.poll() is None:
+            stop_local_serve(process, log)
+        raise
     return url, process, log
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.servers import free_port, stop_local_serve, wait_until_ready
+from tests.support.servers import start_local_serve, stop_local_serve
 
 # Tenants of the shared gateway. `alice/x` exists to try an idempotency-key collision with `alice`.
 TOKENS = {"alice": "alice-token", "bob": "bob-token", "alice/x": "alice-x-token", "ops": "ops-token"}
@@ -52,19 +51,11 @@ def tenant_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TenantG
     if os.geteuid() != 0:
         pytest.fail("the security tests run a real gVisor gateway: they need root")
     directory = tmp_path_factory.mktemp("tenants")
-    tokens = directory / "tokens"
-    tokens.write_text("".join(f"{token} {name}\n" for name, token in TOKENS.items()))
-    port = free_port()
-    log = directory / "serve.log"
-    argv = [
-        sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port), "--warm", "2",
-        "--pool", "python", "--token-file", str(tokens), "--policy-file", str(directory / "policies.json"),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(argv, env={**os.environ, **SETTINGS}, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    policies = ["--policy-file", str(directory / "policies.json")]
+    url, process, log = start_local_serve(
+        directory, TOKENS, settings=SETTINGS, extra_args=policies, timeout=180
+    )
     try:
-        wait_until_ready(url, process, log, timeout=180, what="sandfleet serve to have a warm sandbox")
         yield TenantGateway(url, process, log)
     finally:
         if process.poll() is None:
