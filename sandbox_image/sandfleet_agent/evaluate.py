@@ -221,27 +221,16 @@ def _git_apply(
     argv = ["git", "apply", "--whitespace=nowarn", *flags, "-"]
     try:
         # Root never runs git in a tree the episode controls: its config can name programs to run.
-        if user is None:
-            proc = tracked_popen(
-                argv,
-                cwd=cwd,
-                env=dict(base_env),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        else:
-            proc = tracked_popen(
-                argv,
-                cwd=cwd,
-                env=dict(base_env),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                user=user.uid,
-                group=user.gid,
-                extra_groups=[],
-            )
+        identity = {} if user is None else {"user": user.uid, "group": user.gid, "extra_groups": []}
+        proc = tracked_popen(
+            argv,
+            cwd=cwd,
+            env=dict(base_env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            **identity,
+        )
     except FileNotFoundError:
         raise unprocessable("git is not installed in this sandbox", "command_not_found") from None
     try:
