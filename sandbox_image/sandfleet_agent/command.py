@@ -71,6 +71,11 @@ class Command:
 
     def kill(self) -> bool:
         """SIGKILL every process the command started, wherever it went; True once none is left."""
+        if self.proc.returncode is None:
+            # The leader is not reaped yet, so its group id is still ours: one atomic kill ends at
+            # once whatever never left the group (a fork loop there would outpace any sweep).
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         if self.marker is None:
             kill_group(self.proc.pid)
             return True
@@ -131,9 +136,9 @@ def _new_marker() -> int:
         return MARKER_BASE + next(_markers) % MARKER_SPAN
 
 
-def marked(marker: int) -> list[int]:
-    """Live (non-zombie) processes that carry a marker group."""
-    found: list[int] = []
+def marked(marker: int) -> list[tuple[int, bytes]]:
+    """Live (non-zombie) processes that carry a marker group, with their state letter."""
+    found: list[tuple[int, bytes]] = []
     needle = str(marker).encode()
     for pid, fields in reaper.proc_stats():
         if not fields or fields[0] == b"Z":
@@ -142,23 +147,37 @@ def marked(marker: int) -> list[int]:
             for line in status:
                 if line.startswith(b"Groups:"):
                     if needle in line.split()[1:]:
-                        found.append(pid)
+                        found.append((pid, fields[0]))
                     break
     return found
 
 
 def kill_marked(marker: int, deadline_s: float = KILL_DEADLINE_S) -> bool:
-    """SIGKILL every process carrying the marker, sweeping again until none is left."""
+    """SIGKILL every process carrying the marker, wherever it went; True once none is left.
+
+    A fork loop outpaces killing as we find: each kill frees a slot that a survivor refills. So
+    everything marked is stopped first (a stopped process cannot fork), sweep after sweep until
+    no marked process still runs, and only then killed.
+    """
     deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        running = [pid for pid, state in marked(marker) if state not in (b"T", b"t")]
+        if not running:
+            break
+        _signal_all(running, signal.SIGSTOP)
     while True:
-        doomed = marked(marker)
+        doomed = [pid for pid, _ in marked(marker)]
         if not doomed:
             return True
         if time.monotonic() >= deadline:
             return False
-        for pid in doomed:
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        _signal_all(doomed, signal.SIGKILL)
+
+
+def _signal_all(pids: list[int], signum: signal.Signals) -> None:
+    for pid in pids:
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
 
 
 def kill_group(leader: int) -> None:
