@@ -310,6 +310,7 @@ class Gateway:
             str(SANDFLEET), "gateway", "--host", "127.0.0.1", "--port", str(self.port),
             "--namespace", self.namespace, "--auth", "static", "--token-file", str(tokens),
             "--max-waiting", str(self.max_waiting),
+            "--agent-key-file", str(_agent_key_file(self.workdir)),
         ]  # fmt: skip
         with self.log_path.open("wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
