@@ -4,6 +4,7 @@ IPv6 to the host, host disk filled through the agent's output, agents callable w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -17,7 +18,7 @@ import httpx
 import pytest
 
 from sandfleet.local import network
-from sandfleet.local.runtime import LocalRuntime, Sandbox, SandboxSpec
+from sandfleet.local.runtime import LocalRuntime, Sandbox
 from tests.e2e.local.conftest import sh
 
 pytestmark = pytest.mark.gvisor
@@ -176,10 +177,32 @@ def host_bytes(runtime: LocalRuntime) -> int:
     return total
 
 
+def _without_user_flags(argv: list[str]) -> list[str]:
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--exec-user", "--verifier-user"):
+            skip = True
+        else:
+            kept.append(arg)
+    return kept
+
+
 async def test_agent_output_floods_never_reach_the_host_disk(runtime: LocalRuntime) -> None:
-    # Commands run as the agent's own user here, so they can write to its stdout and stderr: the
-    # worst case, whatever the agent's user separation does.
-    sandbox = await runtime.create(SandboxSpec(env={"SANDFLEET_AGENT_EXEC_USER": "none"}))
+    # The worst case, whatever the agent's user separation does: this sandbox's agent is started
+    # without --exec-user/--verifier-user, so its commands run as the agent and may write to its
+    # stdout and stderr (test_agent_users proves the sandbox user cannot). What is under test here
+    # is how much of that the host stores.
+    config = runtime._config
+    assert config is not None
+    assert "--exec-user" in config.argv
+    runtime._config = dataclasses.replace(config, argv=_without_user_flags(config.argv))
+    try:
+        sandbox = await runtime.create()
+    finally:
+        runtime._config = config
     async with httpx.AsyncClient(
         base_url=sandbox.url, headers=sandbox.headers, timeout=300, trust_env=False
     ) as agent:
