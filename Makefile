@@ -12,7 +12,7 @@ test: bootstrap
 	sandbox_image/build
 	hack/product-image build
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 # The README's main job: the embedded default (local gVisor sandboxes behind the gateway).
 demo: bootstrap
