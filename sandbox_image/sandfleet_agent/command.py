@@ -71,14 +71,15 @@ class Command:
 
     def kill(self) -> bool:
         """SIGKILL every process the command started, wherever it went; True once none is left."""
+        if self.marker is None:
+            # The fallback finds members by walking the tree, so nothing may die before the walk.
+            kill_group(self.proc.pid)
+            return True
         if self.proc.returncode is None:
             # The leader is not reaped yet, so its group id is still ours: one atomic kill ends at
             # once whatever never left the group (a fork loop there would outpace any sweep).
             with suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-        if self.marker is None:
-            kill_group(self.proc.pid)
-            return True
         return kill_marked(self.marker)
 
 
