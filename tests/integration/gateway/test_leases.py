@@ -375,8 +375,16 @@ def test_gateway_killed_mid_burst_loses_nothing_and_retries_find_their_leases(
         if isinstance(r, httpx.Response) and r.status_code == 201
     }
     assert answered, "the kill comes after the first answer"
-    # Every caller retries through the surviving gateway with the same idempotency key.
+    # Every caller retries through the surviving gateway with the same idempotency key, once the
+    # survivor's watch has seen what the dead replica wrote (the key index is per replica and
+    # eventually consistent: a retry inside that window may get a second sandbox, see
+    # docs/gateway.md; that window is what a lease ledger closes).
+    leased = len(pool.leases_on_pods())
     with survivor.client() as client:
+        wait_for(
+            lambda: len(client.get("/v1/leases").json()["leases"]) >= leased,
+            "the survivor to see the dead replica's claims",
+        )
         retried = {key: acquire(client, idempotency_key=key).json()["leases"][0]["id"] for key in keys}
     assert all(retried[key] == lease_id for key, lease_id in answered.items())
     on_pods = {lease["idempotency_key"]: lease["id"] for lease in pool.leases_on_pods().values()}
