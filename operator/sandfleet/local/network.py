@@ -180,17 +180,21 @@ async def install_firewall() -> None:
         (FORWARD_CHAIN, ["-j", "DROP"]),
     ]
     for chain, rule in rules:
-        if (await run_command(["iptables", "-w", "-C", chain, *rule], check=False)).returncode != 0:
-            await run_command(["iptables", "-w", "-A", chain, *rule])
+        await _ensure_rule("iptables", chain, rule, ["-A", chain])
     jumps = [
         ("INPUT", ["-i", match, "-j", INPUT_CHAIN]),
         ("FORWARD", ["-i", match, "-j", FORWARD_CHAIN]),
         ("FORWARD", ["-o", match, "-j", FORWARD_CHAIN]),
     ]
     for builtin, rule in jumps:
-        if (await run_command(["iptables", "-w", "-C", builtin, *rule], check=False)).returncode != 0:
-            await run_command(["iptables", "-w", "-I", builtin, "1", *rule])
+        await _ensure_rule("iptables", builtin, rule, ["-I", builtin, "1"])
     await _install_ipv6_firewall()
+
+
+async def _ensure_rule(tool: str, chain: str, rule: list[str], add: list[str]) -> None:
+    """Add `rule` to `chain` with `add` (append or insert) unless it is there already."""
+    if (await run_command([tool, "-w", "-C", chain, *rule], check=False)).returncode != 0:
+        await run_command([tool, "-w", *add, *rule])
 
 
 async def _install_ipv6_firewall() -> None:
@@ -198,8 +202,7 @@ async def _install_ipv6_firewall() -> None:
     match = f"{VETH_PREFIX}+"
     for chain in (INPUT_CHAIN, FORWARD_CHAIN):
         await run_command(["ip6tables", "-w", "-N", chain], check=False)
-        if (await run_command(["ip6tables", "-w", "-C", chain, "-j", "DROP"], check=False)).returncode != 0:
-            await run_command(["ip6tables", "-w", "-A", chain, "-j", "DROP"])
+        await _ensure_rule("ip6tables", chain, ["-j", "DROP"], ["-A", chain])
     jumps = [
         ("INPUT", ["-i", match, "-j", INPUT_CHAIN]),
         ("OUTPUT", ["-o", match, "-j", INPUT_CHAIN]),
@@ -207,5 +210,4 @@ async def _install_ipv6_firewall() -> None:
         ("FORWARD", ["-o", match, "-j", FORWARD_CHAIN]),
     ]
     for builtin, rule in jumps:
-        if (await run_command(["ip6tables", "-w", "-C", builtin, *rule], check=False)).returncode != 0:
-            await run_command(["ip6tables", "-w", "-I", builtin, "1", *rule])
+        await _ensure_rule("ip6tables", builtin, rule, ["-I", builtin, "1"])
