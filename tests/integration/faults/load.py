@@ -82,6 +82,17 @@ class Load:
     def release_holders(self, timeout: float = 60) -> None:
         self._run(self._release_holders(), timeout)
 
+    def pause_workers(self, timeout: float = 60) -> None:
+        """Workers finish the episode they are in and take no new lease until `resume_workers`.
+
+        A check that the pool is back at its warm target races the workers' consumption (each
+        lease takes a warm sandbox that a replacement has yet to refill), so it runs paused.
+        """
+        self._run(self._pause_workers(), timeout)
+
+    def resume_workers(self) -> None:
+        self._loop.call_soon_threadsafe(self._unpaused.set)
+
     def _run(self, coroutine: Awaitable[T], timeout: float = 30) -> T:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
             coroutine,  # type: ignore[arg-type]
@@ -93,6 +104,9 @@ class Load:
 
     async def _start(self) -> None:
         self._stopping = asyncio.Event()
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        self._idle_workers = 0
         self._holders_done = asyncio.Event()
         self._holder_tasks: list[asyncio.Task[None]] = []
         # retries=1: a replica that stopped answering is left quickly for the next one.
@@ -105,6 +119,7 @@ class Load:
     async def _stop(self) -> None:
         assert self._stopping is not None
         self._stopping.set()
+        self._unpaused.set()
         self._holders_done.set()
         await asyncio.gather(*self._tasks, *self._holder_tasks, return_exceptions=True)
         for fleet in self._fleets:
@@ -114,6 +129,11 @@ class Load:
         assert self._stopping is not None
         replica = index % len(self._fleets)
         while not self._stopping.is_set():
+            if not self._unpaused.is_set():
+                self._idle_workers += 1
+                await self._unpaused.wait()
+                self._idle_workers -= 1
+                continue
             lease, replica = await self._acquire(replica, (), self.ttl_seconds)
             if lease is None:
                 await asyncio.sleep(0.3)
@@ -154,6 +174,11 @@ class Load:
         self._holder_tasks = [asyncio.ensure_future(holder(i)) for i in range(count)]
         await asyncio.wait_for(ready.wait(), 50)
         return list(granted)
+
+    async def _pause_workers(self) -> None:
+        self._unpaused.clear()
+        while self._idle_workers < self.workers:
+            await asyncio.sleep(0.05)
 
     async def _release_holders(self) -> None:
         self._holders_done.set()

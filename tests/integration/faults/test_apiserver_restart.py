@@ -65,6 +65,7 @@ def test_apiserver_restart_is_503_with_retry_after_then_recovery(steady: Run) ->
         for url in fleet.urls:
             wait_until(partial(_readyz_is, http, url, 200), 30, f"{url} ready again")
         steady.mark("both gateways ready again")
+        steady.load.pause_workers()
         fleet.wait_at_target()
         steady.mark("the pool at its target")
         # Every warm sandbox is leasable through every gateway: none stays shunned after the outage.

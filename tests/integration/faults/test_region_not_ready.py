@@ -33,7 +33,9 @@ def test_a_region_going_not_ready_shifts_the_pool_to_the_others(steady: Run) -> 
         warm = fleet.warm()
         return sum(warm.values()) == TARGET and not warm.get(REGION)
 
+    steady.load.pause_workers()
     wait_until(shifted, 60, f"{TARGET} warm sandboxes outside {REGION}", 0.5)
+    steady.load.resume_workers()
     calls = len(held.calls)
     wait_until(lambda: len(held.calls) >= calls + 3, 20, "the holder to go on")
     assert held.first_lease_error is None, "a lease in the NotReady region was lost though its sandbox ran"
