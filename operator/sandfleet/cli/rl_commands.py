@@ -77,10 +77,13 @@ def run(
 
     from rich.console import Console
 
-    from sandfleet.cli.run_commands import profile_svg, render_profile
+    from sandfleet import plots as figures
+    from sandfleet.cli.run_commands import check_plot, render_profile, write_profile_plot
     from sandfleet.client import AsyncFleet
-    from sandfleet.core.svg import line_chart
     from sandfleet.rl.loop import LoopConfig, reward_curve, run_loop
+
+    if plots is not None:
+        check_plot(plots / "reward.svg")
 
     config = LoopConfig(
         run=run_name,
@@ -126,8 +129,8 @@ def run(
     out.print(render_profile(profile))
     if plots is not None:
         plots.mkdir(parents=True, exist_ok=True)
-        (plots / "reward.svg").write_text(line_chart(f"reward, run {run_name}", curve, "mean reward"))
-        (plots / "profile.svg").write_text(profile_svg(profile))
+        figures.save(figures.reward_figure(f"reward, run {run_name}", stats.rewards), plots / "reward.svg")
+        write_profile_plot(profile, plots / "profile.svg")
         out.print(f"plots: {plots / 'reward.svg'}, {plots / 'profile.svg'}")
     if summary_json is not None:
         summary_json.write_text(

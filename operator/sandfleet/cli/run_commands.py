@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from sandfleet.cli import app
-from sandfleet.cli.client_commands import AS_JSON, TOKEN, URL, _fleet, _run, console
+from sandfleet.cli.client_commands import AS_JSON, TOKEN, URL, _fail, _fleet, _run, console
 
 
 def render_profile(data: dict[str, Any]) -> Table:
@@ -39,32 +39,48 @@ def render_profile(data: dict[str, Any]) -> Table:
     return table
 
 
-def profile_svg(data: dict[str, Any]) -> str:
-    from sandfleet.core.svg import profile_chart
+def write_profile_plot(data: dict[str, Any], path: Path) -> None:
+    """The profile as a picture (SVG or PNG, by the suffix of `path`)."""
+    from sandfleet import plots
 
     verdict = data["verdict"]
-    return profile_chart(
+    figure = plots.profile_figure(
         f"sandfleet loop profile: run {data['run']}",
         data["split"],
         [(p["phase"], p["p50_seconds"], p["p99_seconds"]) for p in data["phases"]],
         f"verdict: {verdict['bottleneck']} -> {verdict['lever']}",
     )
+    plots.save(figure, path)
+
+
+def check_plot(path: Path | None) -> None:
+    """Fail in one line before any work when a plot is asked for and cannot be written."""
+    from sandfleet.plots import PlotError, check
+
+    if path is not None:
+        try:
+            check(path)
+        except PlotError as error:
+            raise _fail(error) from None
 
 
 @app.command()
 def profile(
     run: Annotated[str, typer.Argument(help="The run (the `run` label on its leases).")],
     window: Annotated[float, typer.Option(help="Seconds to look back.")] = 300.0,
-    plot: Annotated[Path | None, typer.Option(help="Write the profile as an SVG picture here.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the profile as a picture here (.svg or .png).")
+    ] = None,
     url: URL = None,
     token: TOKEN = None,
     as_json: AS_JSON = False,
 ) -> None:
     """Where the RL loop spends its time, percentiles per phase, and the bottleneck with its lever."""
+    check_plot(plot)
     with _fleet(url, token) as fleet:
         data = _run(lambda: fleet.profile(run, window))
     if plot is not None:
-        plot.write_text(profile_svg(data))
+        write_profile_plot(data, plot)
         console.print(f"wrote {plot}")
     if as_json:
         typer.echo(json.dumps(data, indent=2))

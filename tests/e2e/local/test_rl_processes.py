@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,8 @@ def test_rl_run_prints_the_summary_and_writes_plots(tasks_gateway: str, tmp_path
     assert "reward curve (mean per slice):" in out
     assert "P(correct edit): inflection-ordinal" in out
     assert "verdict" in out
-    assert (plots / "reward.svg").read_text().startswith("<svg")
-    assert (plots / "profile.svg").read_text().startswith("<svg")
+    for plot in ("reward.svg", "profile.svg"):
+        assert ET.parse(plots / plot).getroot().tag == "{http://www.w3.org/2000/svg}svg", plot
     data = json.loads(summary.read_text())
     assert data["episodes"] >= 2
     assert data["learner_steps"] >= 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 RUN = REPO / "bench" / "run"
+SVG = "{http://www.w3.org/2000/svg}"
 PRODUCT_TARGETS = 10  # rows the runner checks: PRODUCT.md's table, burst p50 and p99 apart, first exec twice
 
 
@@ -124,10 +126,15 @@ def test_the_report_section_is_regenerated_from_the_json_and_the_prose_kept(tmp_
     assert "not measured: not available" in text
     assert "| warm lease, 300-lease burst, real apiserver, p50 | <= 10 ms | **2,000 ms** |" in text
     assert (tmp_path / "benchmarks" / "results.json").exists()
-    for plot in ("latency-local.svg", "latency-gateway.svg", "fill-pool-vs-replicaset.svg"):
-        svg = (tmp_path / "benchmarks" / plot).read_text()
-        assert svg.startswith("<svg"), plot
-        assert "polyline" in svg, plot
+    for plot, series in (
+        ("latency-local.svg", "cold (n="),
+        ("latency-gateway.svg", "warm lease in a 300 burst (n="),
+        ("fill-pool-vs-replicaset.svg", "SandboxPool, 3000 (3000 at 38)"),
+    ):
+        root = ET.parse(tmp_path / "benchmarks" / plot).getroot()
+        assert root.tag == f"{SVG}svg", plot
+        texts = " | ".join("".join(t.itertext()) for t in root.iter(f"{SVG}text"))
+        assert series in texts, plot  # the legend names each line drawn
         assert f"benchmarks/{plot}" in text
 
 
@@ -162,4 +169,4 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     assert rl["episodes"] > 0
     assert rl["profile"]["verdict"]["bottleneck"]
     for plot in ("fill-scale.svg", "latency-gateway.svg", "loop-profile.svg"):
-        assert (tmp_path / plot).read_text().startswith("<svg"), plot
+        assert ET.parse(tmp_path / plot).getroot().tag == f"{SVG}svg", plot
