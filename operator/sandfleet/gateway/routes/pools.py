@@ -1,0 +1,43 @@
+"""Pools: what each serves and holds now, and pre-warming task images on one."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from sandfleet.core import api
+from sandfleet.core.model import Sandbox
+from sandfleet.gateway.backend import PoolInfo
+from sandfleet.gateway.models import PoolList, PoolView, PrefetchRequest, PrefetchResponse
+from sandfleet.gateway.routes.deps import Authed, PartsDep
+
+router = APIRouter(tags=["pools"])
+
+
+def pool_view(pool: PoolInfo, sandboxes: list[Sandbox], waiting: int) -> PoolView:
+    """A pool as listed: its spec, and how many of its sandboxes are warm and leased."""
+    return PoolView(
+        name=pool.name,
+        regions=list(pool.regions),
+        image=pool.image,
+        warm=sum(s.warm for s in sandboxes),
+        leased=sum(s.state == api.LEASE_LEASED for s in sandboxes),
+        waiting=waiting,
+        default_ttl_seconds=pool.default_ttl_seconds,
+        max_ttl_seconds=pool.max_ttl_seconds,
+    )
+
+
+@router.get("/v1/pools")
+async def list_pools(who: Authed, shared: PartsDep) -> PoolList:
+    backend, service = shared.backend, shared.service
+    views = [pool_view(p, backend.sandboxes(p.name), service.waiting(p.name)) for p in backend.pools()]
+    return PoolList(pools=views)
+
+
+@router.post("/v1/prefetch")
+async def prefetch(body: PrefetchRequest, who: Authed, shared: PartsDep) -> PrefetchResponse:
+    shared.service.pool(body.pool)
+    await shared.authenticator.authorize(who, body.pool)
+    images = [(item.image, item.count) for item in body.images]
+    names = await shared.service.prefetch(body.pool, images, body.ttl_seconds)
+    return PrefetchResponse(pool=body.pool, prewarms=names)
