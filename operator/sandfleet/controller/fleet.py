@@ -25,9 +25,9 @@ from sandfleet.core.planner import (
     Create,
     Delete,
     FailureState,
-    Plan,
+    PoolPlan,
     WarmGroup,
-    plan,
+    plan_pool,
 )
 from sandfleet.core.pods import pool_selector, runtime_class_refusal, sandbox_pod
 from sandfleet.core.status import (
@@ -283,7 +283,7 @@ class Fleet:
                 # Its Node was deleted (the machine is gone): as dead as a NotReady one, so its free
                 # sandboxes are replaced now, not when the pod GC gets to them (40 s or more).
                 nodes_ready[sandbox.node] = False
-        decided = plan(spec, groups, sandboxes, capacity, nodes_ready, worker.failures, now)
+        decided = plan_pool(spec, groups, sandboxes, capacity, nodes_ready, worker.failures, now)
         # Already on their way out when their Node went: no kubelet is left to confirm, so force it.
         stranded = [
             Delete(s.name, NODE_NOT_READY, force=True)
@@ -368,7 +368,7 @@ class Fleet:
         if delete.reason in FAILURE_REASONS:
             log.info("replaced sandbox %s/%s: %s", worker.spec.namespace, delete.name, delete.reason)
 
-    async def _publish(self, worker: PoolWorker, decided: Plan, now: float) -> float | None:
+    async def _publish(self, worker: PoolWorker, decided: PoolPlan, now: float) -> float | None:
         """Metrics and status; returns when to come back for a status write held back to batch a burst."""
         spec = worker.spec
         for region in decided.regions:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -93,6 +94,25 @@ def region_capacity(
     return result
 
 
+def share_at(weight: Fraction, level: Fraction, floor: int, limit: int) -> Fraction:
+    """A region's share at water level `level`: weight x level, within [floor, limit], the limit winning."""
+    return min(max(weight * level, Fraction(floor)), Fraction(limit))
+
+
+def ideal_split(total: int, regions: Sequence[RegionSpec]) -> dict[str, int]:
+    """Each region's share of `total` by weight alone, within [minWarm, maxSandboxes], room ignored.
+
+    What a region would hold if every region had room; a region placed below it is short.
+    """
+    weights = sum(r.weight for r in regions)
+    level = Fraction(total, weights) if weights else Fraction(0)
+    shares: dict[str, int] = {}
+    for spec in regions:
+        share = share_at(Fraction(spec.weight), level, spec.min_warm, spec.max_sandboxes)
+        shares.setdefault(spec.name, math.floor(share))
+    return shares
+
+
 def split_target(
     total: int,
     regions: Sequence[RegionSpec],
@@ -109,8 +129,7 @@ def split_target(
     weight = {r.name: Fraction(max(r.weight, 0)) for r in regions}
 
     def placed(level: Fraction) -> dict[str, Fraction]:
-        """Each region's share at water level `level`: weight x level, clamped to [floor, limit]."""
-        return {n: min(max(weight[n] * level, Fraction(floor[n])), Fraction(limit[n])) for n in limit}
+        return {n: share_at(weight[n], level, floor[n], limit[n]) for n in limit}
 
     # The total placed grows with the level, piecewise linearly; it bends only where a region hits
     # its floor or its limit. Find the segment where it reaches the total and solve exactly there,

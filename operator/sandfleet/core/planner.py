@@ -1,6 +1,6 @@
 """The pool planner: from what is observed and the time, which sandboxes to create and which to delete.
 
-Pure: plain data in, a Plan out, the time passed in. The controller applies the Plan and calls again;
+Pure: plain data in, a PoolPlan out, the time passed in. The controller applies it and calls again;
 every decision is safe to repeat, so a restart or a second look never over-creates or deletes a
 leased sandbox.
 """
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
-from sandfleet.core.model import PoolSpec, Sandbox, Template
-from sandfleet.core.placement import RegionCapacity, pick_zones, split_target
+from sandfleet.core.model import PoolSpec, RegionSpec, Sandbox, Template
+from sandfleet.core.placement import RegionCapacity, ideal_split, pick_zones, split_target
 
 # Consecutive sandboxes that never got Ready before the pool is Degraded and replacements back off.
 DEGRADED_AFTER_FAILURES = 3
@@ -109,7 +109,7 @@ class RegionStatus:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PoolPlan:
     """What the controller should do now, and what the pool looks like."""
 
     creates: tuple[Create, ...]
@@ -165,7 +165,7 @@ class _Region:
         return self.leased + self.members() + len(self.standins) + self.planned
 
 
-def plan(
+def plan_pool(
     pool: PoolSpec,
     groups: Sequence[WarmGroup],
     sandboxes: Sequence[Sandbox],
@@ -173,218 +173,116 @@ def plan(
     nodes_ready: Mapping[str, bool],
     failures: FailureState,
     now: float,
-) -> Plan:
+) -> PoolPlan:
     """Decide creations and deletions for one pool. `groups[0]` is the pool's own template."""
-    region_specs = {r.name: r for r in pool.regions}
-    active = {g.key: g for g in groups}
+    specs = {r.name: r for r in pool.regions}
+    base = groups[0].key if groups else ""
     deadline = pool.template.readiness_deadline_seconds
-    deletes: list[Delete] = []
-    regions = {name: _Region() for name in region_specs}
-    failed_now = 0
+    observed = _classify(specs, groups, sandboxes, capacity, nodes_ready, deadline, now)
+    failures = _next_failures(failures, base, observed.regions.values(), observed.failed_now, now)
+    budget, retry_at = _creation_budget(failures, observed.regions.values(), now)
+    filled = _fill_groups(pool, groups, observed.regions, capacity, budget)
+    shed = _shed_over_maximum(specs, observed.regions)
+    return PoolPlan(
+        creates=filled.creates,
+        deletes=tuple(_unique([*observed.deletes, *filled.deletes, *shed])),
+        regions=_region_statuses(specs, observed.regions, filled.targets, capacity),
+        target=sum(filled.targets.values()),
+        wanted=sum(g.target for g in groups),
+        failures=failures,
+        retry_at=retry_at,
+        short_regions=filled.short,
+    )
 
+
+# -- phase 1: classify what is observed ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """Each region's working counts, what goes at once and why, and how many failed just now."""
+
+    regions: dict[str, _Region]
+    deletes: tuple[Delete, ...]
+    failed_now: int
+
+
+def _classify(
+    specs: Mapping[str, RegionSpec],
+    groups: Sequence[WarmGroup],
+    sandboxes: Sequence[Sandbox],
+    capacity: Mapping[str, RegionCapacity],
+    nodes_ready: Mapping[str, bool],
+    deadline: float,
+    now: float,
+) -> _Observed:
+    regions = {name: _Region() for name in specs}
+    active = frozenset(g.key for g in groups)
+    base = groups[0].key if groups else None
+    deletes: list[Delete] = []
+    failed_now = 0
     for sandbox in sorted(sandboxes, key=lambda s: (s.created_at, s.name)):
         if sandbox.deleting:
             continue
         region = regions.get(sandbox.region)
-        if sandbox.lease_state == api.LEASE_RELEASED:
-            deletes.append(Delete(sandbox.name, RELEASED))
+        zones = capacity.get(sandbox.region, RegionCapacity()).zones
+        delete = _classify_one(sandbox, region, active, zones, nodes_ready, deadline, now)
+        if delete is None:
             continue
-        if not sandbox.free:
-            # Leased (or a state this operator does not know): never touched until the lease ends.
-            if sandbox.leased and sandbox.lease_expires_at is not None and sandbox.lease_expires_at <= now:
-                deletes.append(Delete(sandbox.name, LEASE_EXPIRED))
-            elif region is not None:
-                region.leased += 1
-                region.zones[sandbox.zone or ""] += 1
-            continue
-        if sandbox.node is not None and nodes_ready.get(sandbox.node) is False:
-            deletes.append(Delete(sandbox.name, NODE_NOT_READY, force=True))
-            continue
-        if region is None:
-            deletes.append(Delete(sandbox.name, REGION_REMOVED))
-            continue
-        if (
-            sandbox.node is None
-            and sandbox.zone
-            and sandbox.zone not in capacity.get(sandbox.region, RegionCapacity()).zones
-        ):
-            # Pinned to a zone whose last node went away: it can never schedule. Not the image's
-            # fault, so no failure is counted; the region's other zones take its place.
-            deletes.append(Delete(sandbox.name, ZONE_GONE))
-            continue
-        in_group = sandbox.template_hash in active
-        lost = sandbox.started and not sandbox.ready and sandbox.unready_since is not None
-        if lost and sandbox.unready_since is not None and sandbox.unready_since + deadline <= now:
-            # It worked once and stopped (its node, its agent): replace it, but the image is not to blame.
-            deletes.append(Delete(sandbox.name, LOST_READINESS))
-            continue
-        if sandbox.broken or (not sandbox.ready and not lost and sandbox.created_at + deadline <= now):
-            deletes.append(Delete(sandbox.name, BROKEN if sandbox.broken else NOT_READY_IN_TIME))
+        deletes.append(delete)
+        if region is not None and delete.reason in FAILURE_REASONS:
             region.failed += 1
             # Backoff follows the pool's own template; a broken pre-warm image only costs its own slots.
-            failed_now += int(bool(groups) and sandbox.template_hash == groups[0].key)
-            continue
-        if in_group:
-            bucket = region.ready if sandbox.ready else region.starting
-            bucket.setdefault(sandbox.template_hash, []).append(sandbox)
+            failed_now += int(sandbox.template_hash == base)
+    return _Observed(regions, tuple(deletes), failed_now)
+
+
+def _classify_one(
+    sandbox: Sandbox,
+    region: _Region | None,
+    active: frozenset[str],
+    zones: Mapping[str, int],
+    nodes_ready: Mapping[str, bool],
+    deadline: float,
+    now: float,
+) -> Delete | None:
+    """Why `sandbox` goes now, or None once it is counted in `region`."""
+    if sandbox.lease_state == api.LEASE_RELEASED:
+        return Delete(sandbox.name, RELEASED)
+    if not sandbox.free:
+        # Leased (or a state this operator does not know): never touched until the lease ends.
+        if sandbox.leased and sandbox.lease_expires_at is not None and sandbox.lease_expires_at <= now:
+            return Delete(sandbox.name, LEASE_EXPIRED)
+        if region is not None:
+            region.leased += 1
             region.zones[sandbox.zone or ""] += 1
-        elif sandbox.ready and not sandbox.prewarm:
-            region.standins.append(sandbox)
-        else:
-            deletes.append(Delete(sandbox.name, TEMPLATE_CHANGED))
-
-    failures = _next_failures(failures, groups[0].key if groups else "", regions.values(), failed_now, now)
-    # While Degraded, one probe at a time and only after the backoff: a broken image must not churn.
-    creation_budget: int | None = None
-    retry_at = None
-    if failures.degraded:
-        starting = sum(len(v) for r in regions.values() for v in r.starting.values())
-        creation_budget = 1 - starting if now >= failures.next_attempt_at() else 0
-        if now < failures.next_attempt_at():
-            retry_at = failures.next_attempt_at()
-
-    creates: list[Create] = []
-    free_slots = {name: dict(capacity.get(name, RegionCapacity()).zones) for name in region_specs}
-    targets: dict[str, int] = dict.fromkeys(region_specs, 0)
-    wanted = 0
-    short: set[str] = set()
-    placed_for: dict[str, dict[str, int]] = {}
-    for index, group in enumerate(groups):
-        is_base = index == 0
-        wanted += group.target
-        limits = {}
-        for name, spec in region_specs.items():
-            region = regions[name]
-            have = len(region.ready.get(group.key, ())) + len(region.starting.get(group.key, ()))
-            others = region.members() - have
-            placed_elsewhere = sum(t.get(name, 0) for t in placed_for.values())
-            by_max = spec.max_sandboxes - region.leased - max(others, placed_elsewhere)
-            by_capacity = have + sum(max(0, n) for n in free_slots[name].values())
-            limits[name] = max(0, min(by_max, by_capacity))
-        floors = None if is_base else dict.fromkeys(region_specs, 0)
-        split = split_target(group.target, pool.regions, limits, floors)
-        placed_for[group.key] = split
-        for name, value in split.items():
-            targets[name] += value
-            ideal = _ideal_share(group.target, pool, name) if is_base else 0
-            if value < ideal:
-                short.add(name)
-        total_ready = sum(len(r.ready.get(group.key, ())) for r in regions.values())
-        ready_allowance = max(0, total_ready - sum(split.values()))
-        for name in sorted(region_specs):
-            region = regions[name]
-            made, ready_allowance, creation_budget = _reconcile_group_in_region(
-                group,
-                is_base,
-                name,
-                region,
-                split[name],
-                free_slots[name],
-                ready_allowance,
-                creation_budget,
-                region_specs[name].max_sandboxes,
-                deletes,
-            )
-            creates.extend(made)
-
-    # A lowered maximum: shed free sandboxes until the region fits again, standing-ins first.
-    for name, region in regions.items():
-        excess = region.occupied() - region_specs[name].max_sandboxes
-        starting_now = [s for members in region.starting.values() for s in members]
-        ready_now = [s for members in region.ready.values() for s in members]
-        victims = [*region.standins, *_newest_first(starting_now), *_newest_first(ready_now)]
-        for sandbox in victims[: max(0, excess)]:
-            deletes.append(Delete(sandbox.name, OVER_MAXIMUM))
-
-    statuses = tuple(
-        RegionStatus(
-            name=name,
-            target=targets[name],
-            ready=sum(len(v) for v in regions[name].ready.values()) + len(regions[name].standins),
-            leased=regions[name].leased,
-            starting=sum(len(v) for v in regions[name].starting.values()),
-            failed=regions[name].failed,
-            capacity=sum(max(0, n) for n in capacity.get(name, RegionCapacity()).zones.values()),
-        )
-        for name in region_specs
-    )
-    return Plan(
-        creates=tuple(creates),
-        deletes=tuple(_unique(deletes)),
-        regions=statuses,
-        target=sum(targets.values()),
-        wanted=wanted,
-        failures=failures,
-        retry_at=retry_at,
-        short_regions=tuple(sorted(short)),
-    )
+        return None
+    if sandbox.node is not None and nodes_ready.get(sandbox.node) is False:
+        return Delete(sandbox.name, NODE_NOT_READY, force=True)
+    if region is None:
+        return Delete(sandbox.name, REGION_REMOVED)
+    if sandbox.node is None and sandbox.zone and sandbox.zone not in zones:
+        # Pinned to a zone whose last node went away: it can never schedule. Not the image's
+        # fault, so no failure is counted; the region's other zones take its place.
+        return Delete(sandbox.name, ZONE_GONE)
+    lost = sandbox.started and not sandbox.ready and sandbox.unready_since is not None
+    if lost and sandbox.unready_since is not None and sandbox.unready_since + deadline <= now:
+        # It worked once and stopped (its node, its agent): replace it, but the image is not to blame.
+        return Delete(sandbox.name, LOST_READINESS)
+    if sandbox.broken or (not sandbox.ready and not lost and sandbox.created_at + deadline <= now):
+        return Delete(sandbox.name, BROKEN if sandbox.broken else NOT_READY_IN_TIME)
+    if sandbox.template_hash in active:
+        bucket = region.ready if sandbox.ready else region.starting
+        bucket.setdefault(sandbox.template_hash, []).append(sandbox)
+        region.zones[sandbox.zone or ""] += 1
+        return None
+    if sandbox.ready and not sandbox.prewarm:
+        region.standins.append(sandbox)
+        return None
+    return Delete(sandbox.name, TEMPLATE_CHANGED)
 
 
-def _reconcile_group_in_region(
-    group: WarmGroup,
-    is_base: bool,
-    name: str,
-    region: _Region,
-    target: int,
-    zone_slots: dict[str, int],
-    ready_allowance: int,
-    creation_budget: int | None,
-    maximum: int,
-    deletes: list[Delete],
-) -> tuple[list[Create], int, int | None]:
-    ready = region.ready.get(group.key, [])
-    starting = region.starting.get(group.key, [])
-    creates: list[Create] = []
-    if is_base:
-        # Old-template warm sandboxes serve until new ones are Ready, then go.
-        keep = min(len(region.standins), max(0, target - len(ready)))
-        for sandbox in _newest_first(region.standins)[: len(region.standins) - keep]:
-            deletes.append(Delete(sandbox.name, TEMPLATE_CHANGED))
-        region.standins = sorted(region.standins, key=lambda s: (s.created_at, s.name))[:keep]
-    have = len(ready) + len(starting)
-    if have < target:
-        want = target - have
-        room = maximum - region.occupied()
-        if room < want and region.standins:
-            freed = min(len(region.standins), want - max(0, room))
-            for sandbox in region.standins[:freed]:
-                deletes.append(Delete(sandbox.name, TEMPLATE_CHANGED))
-            region.standins = region.standins[freed:]
-            room += freed
-        count = max(0, min(want, room))
-        if creation_budget is not None:
-            count = min(count, max(0, creation_budget))
-            creation_budget -= count
-        zones = pick_zones(count, zone_slots, region.zones)
-        for zone in zones:
-            creates.append(Create(name, zone, group.key, group.prewarm))
-            zone_slots[zone or ""] = zone_slots.get(zone or "", 0) - 1
-            region.zones[zone or ""] += 1
-        region.planned += len(zones)
-    elif have > target:
-        surplus = have - target
-        victims = _newest_first(starting)[:surplus]
-        for sandbox in victims:
-            deletes.append(Delete(sandbox.name, SURPLUS))
-        region.starting[group.key] = [s for s in starting if s not in victims]
-        surplus -= len(victims)
-        # Ready ones go only while the pool stays at its target overall (no dip while shifting).
-        removable = min(surplus, ready_allowance)
-        ready_victims = _newest_first(ready)[:removable]
-        for sandbox in ready_victims:
-            deletes.append(Delete(sandbox.name, SURPLUS))
-        region.ready[group.key] = [s for s in ready if s not in ready_victims]
-        ready_allowance -= removable
-    return creates, ready_allowance, creation_budget
-
-
-def _ideal_share(total: int, pool: PoolSpec, region: str) -> int:
-    weights = sum(r.weight for r in pool.regions)
-    for spec in pool.regions:
-        if spec.name == region:
-            share = total * spec.weight // weights if weights else 0
-            return min(spec.max_sandboxes, max(spec.min_warm, share))
-    return 0
+# -- phase 2: failures and backoff ---------------------------------------------------------------
 
 
 def _next_failures(
@@ -401,6 +299,218 @@ def _next_failures(
     if failures.streak and recovered:
         failures = FailureState(template_hash=base)
     return failures.record(failed_now, now) if failed_now else failures
+
+
+def _creation_budget(
+    failures: FailureState, regions: Iterable[_Region], now: float
+) -> tuple[int | None, float | None]:
+    """How many sandboxes may be created now (None: no limit), and when to look again if none.
+
+    While Degraded, one probe at a time and only after the backoff: a broken image must not churn.
+    """
+    if not failures.degraded:
+        return None, None
+    if now < failures.next_attempt_at():
+        return 0, failures.next_attempt_at()
+    starting = sum(len(v) for region in regions for v in region.starting.values())
+    return 1 - starting, None
+
+
+# -- phase 3: each group's targets, creations and surplus ----------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fill:
+    """What filling every group to its per-region target takes."""
+
+    creates: tuple[Create, ...]
+    deletes: tuple[Delete, ...]
+    targets: dict[str, int]
+    short: tuple[str, ...]
+
+
+def _fill_groups(
+    pool: PoolSpec,
+    groups: Sequence[WarmGroup],
+    regions: Mapping[str, _Region],
+    capacity: Mapping[str, RegionCapacity],
+    budget: int | None,
+) -> _Fill:
+    specs = {r.name: r for r in pool.regions}
+    free_slots = {name: dict(capacity.get(name, RegionCapacity()).zones) for name in specs}
+    targets = dict.fromkeys(specs, 0)
+    short: set[str] = set()
+    placed_for: dict[str, dict[str, int]] = {}
+    creates: list[Create] = []
+    deletes: list[Delete] = []
+    for index, group in enumerate(groups):
+        is_base = index == 0
+        limits = _group_limits(group, specs, regions, free_slots, placed_for)
+        floors = None if is_base else dict.fromkeys(specs, 0)
+        split = split_target(group.target, pool.regions, limits, floors)
+        placed_for[group.key] = split
+        for name, value in split.items():
+            targets[name] += value
+        if is_base:
+            ideal = ideal_split(group.target, pool.regions)
+            short.update(name for name, value in split.items() if value < ideal.get(name, 0))
+        moves, budget = _place_group(group, is_base, split, specs, regions, free_slots, budget)
+        creates.extend(moves.creates)
+        deletes.extend(moves.deletes)
+    return _Fill(tuple(creates), tuple(deletes), targets, tuple(sorted(short)))
+
+
+def _group_limits(
+    group: WarmGroup,
+    specs: Mapping[str, RegionSpec],
+    regions: Mapping[str, _Region],
+    free_slots: Mapping[str, Mapping[str, int]],
+    placed_for: Mapping[str, Mapping[str, int]],
+) -> dict[str, int]:
+    """How many of `group` each region can hold: within its maximum, beside the other groups, in its room."""
+    limits = {}
+    for name, spec in specs.items():
+        region = regions[name]
+        have = len(region.ready.get(group.key, ())) + len(region.starting.get(group.key, ()))
+        others = region.members() - have
+        placed_elsewhere = sum(t.get(name, 0) for t in placed_for.values())
+        by_max = spec.max_sandboxes - region.leased - max(others, placed_elsewhere)
+        by_capacity = have + sum(max(0, n) for n in free_slots[name].values())
+        limits[name] = max(0, min(by_max, by_capacity))
+    return limits
+
+
+@dataclass(frozen=True)
+class _Moves:
+    """Creations and deletions decided for one group."""
+
+    creates: tuple[Create, ...] = ()
+    deletes: tuple[Delete, ...] = ()
+
+
+def _place_group(
+    group: WarmGroup,
+    is_base: bool,
+    split: Mapping[str, int],
+    specs: Mapping[str, RegionSpec],
+    regions: Mapping[str, _Region],
+    free_slots: Mapping[str, dict[str, int]],
+    budget: int | None,
+) -> tuple[_Moves, int | None]:
+    """Bring each region to its share of `group`; what is left of the creation budget."""
+    total_ready = sum(len(r.ready.get(group.key, ())) for r in regions.values())
+    ready_allowance = max(0, total_ready - sum(split.values()))
+    creates: list[Create] = []
+    deletes: list[Delete] = []
+    for name in sorted(specs):
+        region = regions[name]
+        target = split[name]
+        ready = region.ready.get(group.key, [])
+        starting = region.starting.get(group.key, [])
+        if is_base:
+            deletes.extend(_retire_standins(region, target, len(ready)))
+        have = len(ready) + len(starting)
+        if have < target:
+            made, freed, budget = _grow(group, specs[name], region, target - have, free_slots[name], budget)
+            creates.extend(made)
+            deletes.extend(freed)
+        elif have > target:
+            dropped, ready_allowance = _shrink(group, region, have - target, ready_allowance)
+            deletes.extend(dropped)
+    return _Moves(tuple(creates), tuple(deletes)), budget
+
+
+def _retire_standins(region: _Region, target: int, ready: int) -> list[Delete]:
+    """Old-template warm sandboxes serve until new ones are Ready, then go."""
+    keep = min(len(region.standins), max(0, target - ready))
+    retired = [
+        Delete(s.name, TEMPLATE_CHANGED)
+        for s in _newest_first(region.standins)[: len(region.standins) - keep]
+    ]
+    region.standins = sorted(region.standins, key=lambda s: (s.created_at, s.name))[:keep]
+    return retired
+
+
+def _grow(
+    group: WarmGroup,
+    spec: RegionSpec,
+    region: _Region,
+    want: int,
+    zone_slots: dict[str, int],
+    budget: int | None,
+) -> tuple[list[Create], list[Delete], int | None]:
+    """Create up to `want` more in the region's emptiest zones, making room by retiring standing-ins."""
+    freed: list[Delete] = []
+    room = spec.max_sandboxes - region.occupied()
+    if room < want and region.standins:
+        count = min(len(region.standins), want - max(0, room))
+        freed = [Delete(s.name, TEMPLATE_CHANGED) for s in region.standins[:count]]
+        region.standins = region.standins[count:]
+        room += count
+    count = max(0, min(want, room))
+    if budget is not None:
+        count = min(count, max(0, budget))
+        budget -= count
+    zones = pick_zones(count, zone_slots, region.zones)
+    for zone in zones:
+        zone_slots[zone or ""] = zone_slots.get(zone or "", 0) - 1
+        region.zones[zone or ""] += 1
+    region.planned += len(zones)
+    return [Create(spec.name, zone, group.key, group.prewarm) for zone in zones], freed, budget
+
+
+def _shrink(
+    group: WarmGroup, region: _Region, surplus: int, ready_allowance: int
+) -> tuple[list[Delete], int]:
+    """Delete `surplus` of the group, starting ones first; what is left of the ready allowance."""
+    ready = region.ready.get(group.key, [])
+    starting = region.starting.get(group.key, [])
+    victims = _newest_first(starting)[:surplus]
+    region.starting[group.key] = [s for s in starting if s not in victims]
+    surplus -= len(victims)
+    # Ready ones go only while the pool stays at its target overall (no dip while shifting).
+    removable = min(surplus, ready_allowance)
+    ready_victims = _newest_first(ready)[:removable]
+    region.ready[group.key] = [s for s in ready if s not in ready_victims]
+    return [Delete(s.name, SURPLUS) for s in [*victims, *ready_victims]], ready_allowance - removable
+
+
+# -- phase 4: shed what a lowered maximum no longer allows ---------------------------------------
+
+
+def _shed_over_maximum(specs: Mapping[str, RegionSpec], regions: Mapping[str, _Region]) -> list[Delete]:
+    """Free sandboxes to delete until each region fits its maximum again, standing-ins first."""
+    deletes: list[Delete] = []
+    for name, region in regions.items():
+        excess = region.occupied() - specs[name].max_sandboxes
+        starting_now = [s for members in region.starting.values() for s in members]
+        ready_now = [s for members in region.ready.values() for s in members]
+        victims = [*region.standins, *_newest_first(starting_now), *_newest_first(ready_now)]
+        deletes.extend(Delete(s.name, OVER_MAXIMUM) for s in victims[: max(0, excess)])
+    return deletes
+
+
+# -- phase 5: status ------------------------------------------------------------------------------
+
+
+def _region_statuses(
+    specs: Mapping[str, RegionSpec],
+    regions: Mapping[str, _Region],
+    targets: Mapping[str, int],
+    capacity: Mapping[str, RegionCapacity],
+) -> tuple[RegionStatus, ...]:
+    return tuple(
+        RegionStatus(
+            name=name,
+            target=targets[name],
+            ready=sum(len(v) for v in regions[name].ready.values()) + len(regions[name].standins),
+            leased=regions[name].leased,
+            starting=sum(len(v) for v in regions[name].starting.values()),
+            failed=regions[name].failed,
+            capacity=sum(max(0, n) for n in capacity.get(name, RegionCapacity()).zones.values()),
+        )
+        for name in specs
+    )
 
 
 def _newest_first(sandboxes: Sequence[Sandbox]) -> list[Sandbox]:

@@ -1,4 +1,4 @@
-"""A pool's status from a Plan: counts per region, the /scale fields and the conditions."""
+"""A pool's status from a PoolPlan: counts per region, the /scale fields and the conditions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandfleet.core.model import PoolSpec
-from sandfleet.core.planner import Plan
+from sandfleet.core.planner import PoolPlan
 from sandfleet.core.pods import pool_selector
 
 READY = "Ready"
@@ -30,7 +30,7 @@ def _timestamp(now: float) -> str:
     return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def conditions(pool: PoolSpec, plan: Plan, now: float) -> list[dict[str, Any]]:
+def conditions(pool: PoolSpec, plan: PoolPlan, now: float) -> list[dict[str, Any]]:
     """The three conditions, without transition times (see `merge_conditions`)."""
     ready_total = plan.ready
     if plan.filled and plan.shortfall == 0:
@@ -100,7 +100,7 @@ def merge_conditions(
     return merged, transitions
 
 
-def pool_status(pool: PoolSpec, plan: Plan, conditions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def pool_status(pool: PoolSpec, plan: PoolPlan, conditions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The status subresource body (everything but the conditions' own timing is a pure count)."""
     return {
         "observedGeneration": pool.generation,

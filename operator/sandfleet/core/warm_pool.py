@@ -23,14 +23,14 @@ class PoolCounts:
 
 
 @dataclass(frozen=True)
-class PoolPlan:
+class WarmStep:
     """What to do next: start this many creates, retire this many ready sandboxes."""
 
     create: int
     retire: int
 
 
-def plan(counts: PoolCounts) -> PoolPlan:
+def plan_warm_step(counts: PoolCounts) -> WarmStep:
     """Decide the next step toward `target` ready sandboxes.
 
     Creates already in flight count toward the target, so a burst of leases never over-provisions;
@@ -40,6 +40,6 @@ def plan(counts: PoolCounts) -> PoolPlan:
     coming = counts.ready + counts.creating
     if coming < counts.target:
         room = counts.max_parallel_creates - counts.creating
-        return PoolPlan(create=max(min(counts.target - coming, room), 0), retire=0)
+        return WarmStep(create=max(min(counts.target - coming, room), 0), retire=0)
     surplus = counts.ready - max(counts.target - counts.creating, 0)
-    return PoolPlan(create=0, retire=max(min(surplus, counts.ready), 0))
+    return WarmStep(create=0, retire=max(min(surplus, counts.ready), 0))

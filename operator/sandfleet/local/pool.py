@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandfleet.core.warm_pool import PoolCounts, plan
+from sandfleet.core.warm_pool import PoolCounts, plan_warm_step
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.runtime import LocalRuntime, Sandbox, SandboxSpec
 
@@ -131,7 +131,7 @@ class WarmPool:
     def _refill(self) -> None:
         if self._closed:
             return
-        step = plan(
+        step = plan_warm_step(
             PoolCounts(
                 ready=len(self._ready),
                 creating=len(self._creating),

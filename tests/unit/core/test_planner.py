@@ -20,9 +20,9 @@ from sandfleet.core.planner import (
     TEMPLATE_CHANGED,
     ZONE_GONE,
     FailureState,
-    Plan,
+    PoolPlan,
     WarmGroup,
-    plan,
+    plan_pool,
 )
 
 TEMPLATE = Template(image="sandfleet/sandbox:0.1.0", readiness_deadline_seconds=60)
@@ -72,8 +72,8 @@ def run(
     now: float = 100.0,
     failures: FailureState | None = None,
     nodes_ready: dict[str, bool] | None = None,
-) -> Plan:
-    return plan(
+) -> PoolPlan:
+    return plan_pool(
         p,
         [WarmGroup(p.template, p.replicas)],
         sandboxes,
@@ -294,7 +294,7 @@ def test_never_deletes_a_live_lease(
             assert s.name not in deleted
 
 
-def _apply(result: Plan, sandboxes: list[Sandbox], now: float, template_hash: str) -> list[Sandbox]:
+def _apply(result: PoolPlan, sandboxes: list[Sandbox], now: float, template_hash: str) -> list[Sandbox]:
     deleted = {d.name for d in result.deletes}
     kept = [replace(s, ready=True) if s.free else s for s in sandboxes if s.name not in deleted]
     made = [

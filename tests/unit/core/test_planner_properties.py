@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandfleet.core.model import Node, RegionSpec, Sandbox
-from sandfleet.core.placement import RegionCapacity, pick_zones, region_capacity, split_target
+from sandfleet.core.placement import (
+    RegionCapacity,
+    ideal_split,
+    pick_zones,
+    region_capacity,
+    share_at,
+    split_target,
+)
 from sandfleet.core.resources import Resources
 from tests.unit.core.test_placement import TEMPLATE as PLACEMENT_TEMPLATE
 from tests.unit.core.test_placement import node
@@ -131,3 +138,42 @@ def test_waiting_pods_take_exactly_their_share_of_free_slots(
     assert all(n >= 0 for n in before.zones.values())
     assert after.free == max(0, before.free - waiting)
     assert after.nodes == before.nodes == len(built)
+
+
+def _former_ideal_share(total: int, regions: list[RegionSpec], region: str) -> int:
+    """The planner's own share formula before it was folded into placement's `share_at`."""
+    weights = sum(r.weight for r in regions)
+    for spec in regions:
+        if spec.name == region:
+            share = total * spec.weight // weights if weights else 0
+            return min(spec.max_sandboxes, max(spec.min_warm, share))
+    return 0
+
+
+@given(
+    st.integers(-5, 500),
+    st.lists(
+        st.tuples(st.sampled_from(NAMES), st.integers(-2, 20), st.integers(-2, 40), st.integers(-2, 80)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_the_ideal_split_is_the_share_the_planner_used_to_compute(
+    total: int, specs: list[tuple[str, int, int, int]]
+) -> None:
+    regions = [RegionSpec(n, weight=w, min_warm=f, max_sandboxes=m) for n, w, f, m in specs]
+    ideal = ideal_split(total, regions)
+    assert ideal == {r.name: _former_ideal_share(total, regions, r.name) for r in regions}
+
+
+@given(st.integers(0, 500), st.lists(st.integers(1, 20), min_size=1, max_size=3))
+def test_split_target_with_room_everywhere_is_the_ideal_split_up_to_rounding(
+    total: int, weights: list[int]
+) -> None:
+    # One share rule: the split places the remainder the ideal floors away, nothing else differs.
+    regions = [RegionSpec(NAMES[i], weight=w) for i, w in enumerate(weights)]
+    split = split_target(total, regions, {r.name: r.max_sandboxes for r in regions})
+    ideal = ideal_split(total, regions)
+    assert all(0 <= split[n] - ideal[n] <= 1 for n in ideal)
+    assert share_at(Fraction(2), Fraction(3), 0, 5) == 5
+    assert share_at(Fraction(2), Fraction(1), 3, 5) == 3

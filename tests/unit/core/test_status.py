@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 from sandfleet.core.model import PoolSpec, RegionSpec, Template
-from sandfleet.core.planner import FailureState, Plan, RegionStatus
+from sandfleet.core.planner import FailureState, PoolPlan, RegionStatus
 from sandfleet.core.status import conditions, merge_conditions, pool_status
 
 POOL = PoolSpec("ns", "python", "uid", 2, 6, (RegionSpec("us"), RegionSpec("eu")), Template(image="i"))
 
 
-def make_plan(ready: int, target: int = 3, wanted: int = 6, **kw: object) -> Plan:
+def make_plan(ready: int, target: int = 3, wanted: int = 6, **kw: object) -> PoolPlan:
     regions = (RegionStatus("us", target, ready, 1, 0, 0, 10), RegionStatus("eu", 3, 3, 0, 0, 0, 5))
     defaults: dict[str, object] = {
         "creates": (),
@@ -18,10 +18,10 @@ def make_plan(ready: int, target: int = 3, wanted: int = 6, **kw: object) -> Pla
         "failures": FailureState(),
     }
     defaults.update(kw)
-    return Plan(**defaults)  # type: ignore[arg-type]
+    return PoolPlan(**defaults)  # type: ignore[arg-type]
 
 
-def by_type(plan: Plan, now: float = 100.0) -> dict[str, dict[str, object]]:
+def by_type(plan: PoolPlan, now: float = 100.0) -> dict[str, dict[str, object]]:
     return {c["type"]: c for c in conditions(POOL, plan, now)}
 
 
