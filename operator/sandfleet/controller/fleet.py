@@ -53,7 +53,7 @@ CREATE_ERROR_EVENT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
-class FleetSettings:
+class OperatorSettings:
     """Knobs of a running operator."""
 
     namespaces: tuple[str, ...] = ()
@@ -84,10 +84,10 @@ class PoolWorker:
     task: asyncio.Task[None] | None = None
 
 
-class Fleet:
+class Operator:
     """All pools this operator keeps, the cluster cache that feeds them and the leader lease."""
 
-    def __init__(self, kube: Kube, identity: str, settings: FleetSettings) -> None:
+    def __init__(self, kube: Kube, identity: str, settings: OperatorSettings) -> None:
         self.kube = kube
         self.identity = identity
         self.settings = settings

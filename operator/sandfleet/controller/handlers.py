@@ -1,4 +1,4 @@
-"""kopf handlers: each unpacks what kopf hands over and passes it to the Fleet; nothing else happens here.
+"""kopf handlers: each unpacks what kopf hands over and passes it to the Operator; nothing else happens here.
 
 Only event handlers watch pools and pre-warms, so kopf puts no finalizer and writes nothing on them:
 deleting a pool never waits for a running operator, and the garbage collector removes its sandboxes
@@ -12,18 +12,18 @@ from typing import Any
 
 import kopf
 
-from sandfleet.controller.fleet import Fleet
+from sandfleet.controller.fleet import Operator
 from sandfleet.core import api
 
 
-def _fleet(memo: Any) -> Fleet:
-    fleet: Fleet = memo["fleet"]
-    return fleet
+def _operator(memo: Any) -> Operator:
+    operator: Operator = memo["operator"]
+    return operator
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    """Tune kopf for thousands of objects, then start the Fleet (watches, leader election)."""
+    """Tune kopf for thousands of objects, then start the Operator (watches, leader election)."""
     # Every kopf event post is a write; we post our own, only for what users must know.
     settings.posting.enabled = False
     settings.posting.level = logging.WARNING
@@ -37,13 +37,13 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
-    await _fleet(memo).start()
+    await _operator(memo).start()
 
 
 @kopf.on.cleanup()
 async def shut_down(memo: Any, **_: Any) -> None:
     """Stop the pool workers and give the leader lease up so another replica takes over at once."""
-    await _fleet(memo).stop()
+    await _operator(memo).stop()
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.POOL_PLURAL)
@@ -51,9 +51,9 @@ async def pool_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any)
     """A SandboxPool appeared, changed or went away."""
     meta = body.get("metadata", {})
     if event.get("type") == "DELETED":
-        _fleet(memo).remove_pool(meta["namespace"], meta["name"])
+        _operator(memo).remove_pool(meta["namespace"], meta["name"])
     else:
-        _fleet(memo).upsert_pool(dict(body))
+        _operator(memo).upsert_pool(dict(body))
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PREWARM_PLURAL)
@@ -61,6 +61,6 @@ async def prewarm_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: A
     """A lookahead: which task images to warm, how many, for how long."""
     meta = body.get("metadata", {})
     if event.get("type") == "DELETED":
-        _fleet(memo).remove_prewarm(meta["namespace"], meta["name"])
+        _operator(memo).remove_prewarm(meta["namespace"], meta["name"])
     else:
-        _fleet(memo).upsert_prewarm(dict(body))
+        _operator(memo).upsert_prewarm(dict(body))

@@ -1,4 +1,4 @@
-"""`sandfleet operator`: build the Fleet and hand it to kopf, with kubeconfig or in-cluster config."""
+"""`sandfleet operator`: build the Operator and hand it to kopf, with kubeconfig or in-cluster config."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from sandfleet.controller import handlers  # noqa: F401  (registers the kopf handlers)
-from sandfleet.controller.fleet import Fleet, FleetSettings
+from sandfleet.controller.fleet import Operator, OperatorSettings
 from sandfleet.controller.kube import Kube, connect
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 
@@ -65,7 +65,7 @@ def run(
     if port:
         start_http_server(port)
     identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    settings = FleetSettings(
+    settings = OperatorSettings(
         namespaces=tuple(namespaces),
         leader_namespace=_leader_namespace(namespaces),
         lease_seconds=lease_seconds or float(os.environ.get("SANDFLEET_LEADER_LEASE_SECONDS", "15")),
@@ -75,15 +75,15 @@ def run(
     asyncio.run(_operate(settings, identity, liveness_endpoint))
 
 
-async def _operate(settings: FleetSettings, identity: str, liveness_endpoint: str | None) -> None:
+async def _operate(settings: OperatorSettings, identity: str, liveness_endpoint: str | None) -> None:
     kube = Kube(await connect())
-    fleet = Fleet(kube, identity, settings)
+    operator = Operator(kube, identity, settings)
     try:
         await kopf.operator(
             standalone=True,
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
-            memo=kopf.Memo(fleet=fleet),
+            memo=kopf.Memo(operator=operator),
             liveness_endpoint=liveness_endpoint,
         )
     finally:
