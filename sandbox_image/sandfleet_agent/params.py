@@ -43,16 +43,6 @@ def optional_int(body: Mapping[str, object], key: str, *, minimum: int, maximum:
     return value
 
 
-def optional_bool(body: Mapping[str, object], key: str) -> bool | None:
-    """Return a boolean field, or None when absent or null."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise bad_request(f"field {key!r} must be true or false")
-    return value
-
-
 def optional_str_list(body: Mapping[str, object], key: str) -> list[str] | None:
     """Return a list-of-strings field, or None when absent or null."""
     value = body.get(key)

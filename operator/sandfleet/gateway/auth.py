@@ -8,7 +8,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -133,11 +132,6 @@ class Authenticator:
         self.access_cache: ReviewCache[tuple[str, str], bool] = ReviewCache(
             cache_size, cache_seconds, negative_cache_seconds, clock
         )
-
-    @classmethod
-    def from_token_file(cls, path: Path | None, **kwargs: object) -> Authenticator:
-        tokens = parse_token_file(path.read_text()) if path else {}
-        return cls(static_tokens=tokens, **kwargs)  # type: ignore[arg-type]
 
     async def authenticate(self, authorization: str | None) -> Caller:
         if not authorization:

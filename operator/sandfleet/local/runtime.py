@@ -573,12 +573,3 @@ def _capabilities(uid: int) -> dict[str, list[str]]:
         else ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
     )
     return {name: list(kept) for name in ("bounding", "effective", "permitted")}
-
-
-async def check_runsc(runsc: Path) -> str:
-    """The runsc version line, or a clear error if the binary does not run."""
-    try:
-        result = await run_command([str(runsc), "--version"], timeout_s=30)
-    except (CommandError, LocalRuntimeError) as error:
-        raise LocalRuntimeError(f"runsc at {runsc} does not run: {error}") from None
-    return result.stdout.splitlines()[0] if result.stdout else "runsc (unknown version)"
