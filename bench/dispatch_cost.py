@@ -21,9 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from sandfleet.core import api
-from sandfleet.core.leases import Lease, lease_metadata
-from sandfleet.core.model import image_key
-from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.leases import LeaseRecord, lease_metadata
+from sandfleet.core.model import Sandbox, image_key
 from sandfleet.gateway.kube import KubeBackend, pool_from_object
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService
 
@@ -79,7 +78,7 @@ class InMemoryKube(KubeBackend):
         self._on_pod("MODIFIED", pod)
         return self._sandboxes.get(sandbox.key)
 
-    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         return await self._patch(sandbox, lease_metadata(lease))
 
 

@@ -21,7 +21,7 @@ import httpx
 from localbench import log, prepare, summary
 
 from sandfleet.local import hoststate
-from sandfleet.local.runtime import LocalRuntime, Sandbox
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 
 NAME = "density"
 PARALLEL_CREATES = 4
@@ -36,7 +36,7 @@ def mem_available() -> int:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-def cgroup_memory(sandbox: Sandbox) -> int | None:
+def cgroup_memory(sandbox: RunscSandbox) -> int | None:
     """The sandbox's current memory charge on the host (cgroup v1 memory controller)."""
     path = Path("/sys/fs/cgroup/memory") / hoststate.CGROUP_PARENT / sandbox.id / "memory.usage_in_bytes"
     try:
@@ -52,7 +52,7 @@ async def run(count: int, rounds: int) -> dict[str, object]:
         before = await asyncio.to_thread(mem_available)
         gate = asyncio.Semaphore(PARALLEL_CREATES)
 
-        async def create() -> Sandbox:
+        async def create() -> RunscSandbox:
             async with gate:
                 return await runtime.create()
 
@@ -69,7 +69,7 @@ async def run(count: int, rounds: int) -> dict[str, object]:
         limits = httpx.Limits(max_connections=count * 2)
         async with httpx.AsyncClient(timeout=30, trust_env=False, limits=limits) as client:
 
-            async def exec_true(sandbox: Sandbox) -> None:
+            async def exec_true(sandbox: RunscSandbox) -> None:
                 nonlocal failures
                 begun = time.perf_counter()
                 try:

@@ -11,7 +11,7 @@ import tarfile
 import httpx
 import pytest
 
-from sandfleet.local.runtime import Sandbox
+from sandfleet.local.runtime import RunscSandbox
 from tests.e2e.local.conftest import sh
 
 pytestmark = pytest.mark.gvisor
@@ -64,7 +64,7 @@ async def test_exec_stream_and_jobs_run_as_the_sandbox_user_without_groups_or_ca
 
 
 async def test_the_agents_token_and_stdio_are_out_of_the_sandbox_users_reach(
-    agent: httpx.AsyncClient, sandbox: Sandbox
+    agent: httpx.AsyncClient, sandbox: RunscSandbox
 ) -> None:
     assert sandbox.token, "the local runtime gives every agent a token"
     probe = await sh(

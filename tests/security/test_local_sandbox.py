@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from sandfleet.local import network
-from sandfleet.local.runtime import LocalRuntime, Sandbox
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 from tests.e2e.local.conftest import sh
 
 pytestmark = pytest.mark.gvisor
@@ -118,7 +118,7 @@ def _eui64_link_local(mac: str) -> str:
     return "fe80::" + ":".join(groups)
 
 
-def host_targets(sandbox: Sandbox) -> list[str]:
+def host_targets(sandbox: RunscSandbox) -> list[str]:
     """Every IPv6 address of the host a sandbox might try: the veth's own (or the one it would have)
     and the host's global ones."""
     veth = network.veth_name(sandbox.slot)
@@ -138,7 +138,7 @@ def _quote(text: str) -> str:
 
 
 async def test_ipv6_from_a_sandbox_reaches_nothing_on_the_host(
-    agent: httpx.AsyncClient, sandbox: Sandbox, runtime: LocalRuntime, v6_server: V6Server
+    agent: httpx.AsyncClient, sandbox: RunscSandbox, runtime: LocalRuntime, v6_server: V6Server
 ) -> None:
     targets = host_targets(sandbox)
     outcomes = {target: await connect_from(agent, target, v6_server.port) for target in targets}

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from statistics import median
 from typing import Any
 
-from sandfleet.core import api
-from sandfleet.core.model import Node, Sandbox
+from sandfleet.core.model import Node, Sandbox, object_key
 from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, startup_phases
 from sandfleet.core.resources import Resources
 
@@ -69,9 +68,9 @@ class ClusterCache:
             usage = None
         self._set_usage(key, usage)
         sandbox = sandbox_from_pod(pod)
-        if sandbox is None:
+        if sandbox is None or not sandbox.managed:
             return
-        pool_key = f"{meta.get('namespace')}/{(meta.get('labels') or {}).get(api.POOL_LABEL)}"
+        pool_key = object_key(sandbox.namespace, sandbox.pool)
         members = self.sandboxes.setdefault(pool_key, {})
         previous = members.get(sandbox.name)
         members[sandbox.name] = sandbox
@@ -172,11 +171,11 @@ class ClusterCache:
 
 
 def _differs(a: Sandbox, b: Sandbox) -> bool:
-    return (a.ready, a.lease_state, a.node, a.deleting, a.broken, a.lease_expires_at) != (
+    return (a.ready, a.state, a.node, a.terminating, a.broken, a.lease_expires_at) != (
         b.ready,
-        b.lease_state,
+        b.state,
         b.node,
-        b.deleting,
+        b.terminating,
         b.broken,
         b.lease_expires_at,
     )

@@ -255,7 +255,7 @@ class Operator:
             if name in seen or sandbox.created_at < now - EXPECTATION_SECONDS:
                 del worker.expected_creates[name]
         for name, at in list(worker.expected_deletes.items()):
-            gone = name not in seen or seen[name].deleting
+            gone = name not in seen or seen[name].terminating
             if gone or at < now - EXPECTATION_SECONDS:
                 del worker.expected_deletes[name]
         view = [s for name, s in seen.items() if name not in worker.expected_deletes]
@@ -272,7 +272,7 @@ class Operator:
         sandboxes = self._observed(worker, now)
         unscheduled: dict[str, int] = {}
         for sandbox in sandboxes:
-            if sandbox.node is None and not sandbox.deleting:
+            if sandbox.node is None and not sandbox.terminating:
                 unscheduled[sandbox.region] = unscheduled.get(sandbox.region, 0) + 1
         capacity = region_capacity(
             self.cache.nodes.values(), self.cache.usage, spec.template, spec.regions, unscheduled
@@ -288,7 +288,7 @@ class Operator:
         stranded = [
             Delete(s.name, NODE_NOT_READY, force=True)
             for s in sandboxes
-            if s.deleting and s.node is not None and s.node not in self.cache.nodes
+            if s.terminating and s.node is not None and s.node not in self.cache.nodes
         ]
         worker.failures = decided.failures
         if decided.creates or decided.deletes:
@@ -317,11 +317,13 @@ class Operator:
         spec = worker.spec
         name = f"{spec.name[:40]}-{secrets.token_hex(4)}"
         sandbox = Sandbox(
+            namespace=spec.namespace,
             name=name,
+            pool=spec.name,
             region=create.region,
             zone=create.zone,
             template_hash=create.template_hash,
-            lease_state=api.LEASE_FREE,
+            state=api.LEASE_FREE,
             created_at=now,
             prewarm=create.prewarm,
             image_key=image_key(group.template.image),

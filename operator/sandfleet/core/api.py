@@ -42,7 +42,8 @@ LEASE_LEASED: Final = "leased"
 LEASE_RELEASED: Final = "released"
 
 # Annotations on sandbox Pods.
-LEASE_ANNOTATION: Final = f"{GROUP}/lease"  # JSON, see sandfleet.core.leases.Lease
-LEASE_EXPIRES_ANNOTATION: Final = f"{GROUP}/lease-expires-at"  # unix seconds, for quick reaping
+LEASE_ANNOTATION: Final = f"{GROUP}/lease"  # JSON, see sandfleet.core.leases.LeaseRecord (holds the expiry)
+# Unix seconds: written by versions before the expiry moved into LEASE_ANNOTATION alone; now only cleared.
+LEASE_EXPIRES_ANNOTATION: Final = f"{GROUP}/lease-expires-at"
 
 SANDBOX_CONTAINER: Final = "sandbox"

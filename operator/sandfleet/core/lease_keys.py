@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.model import Sandbox
 
 KeyOwner = tuple[str, str]  # (holder, idempotency key)
 

@@ -13,9 +13,18 @@ class LeaseError(ValueError):
     """A lease request that cannot be honoured, with what to do about it."""
 
 
+def lease_expired(expires_at: float | None, now: float) -> bool:
+    """The one expiry rule: a lease ends at its expiry instant (inclusive); no expiry never ends."""
+    return expires_at is not None and now >= expires_at
+
+
 @dataclass(frozen=True)
-class Lease:
-    """The exclusive right to one sandbox for one episode, until `expires_at` (unix seconds)."""
+class LeaseRecord:
+    """The exclusive right to one sandbox for one episode, until `expires_at` (unix seconds).
+
+    This is the record the gateway writes on the sandbox's Pod (`api.LEASE_ANNOTATION`); the
+    client's view of a lease is `sandfleet.client.Lease`.
+    """
 
     id: str
     pool: str
@@ -32,9 +41,9 @@ class Lease:
         return self.labels.get("run")
 
     def expired(self, now: float) -> bool:
-        return now >= self.expires_at
+        return lease_expired(self.expires_at, now)
 
-    def renewed(self, now: float, ttl_seconds: int) -> Lease:
+    def renewed(self, now: float, ttl_seconds: int) -> LeaseRecord:
         return replace(self, expires_at=now + ttl_seconds, ttl_seconds=ttl_seconds)
 
 
@@ -52,7 +61,7 @@ def choose_ttl(requested: int | None, default_ttl: int, max_ttl: int) -> int:
     return requested
 
 
-def lease_metadata(lease: Lease) -> dict[str, Any]:
+def lease_metadata(lease: LeaseRecord) -> dict[str, Any]:
     """The labels and annotations that put `lease` on a sandbox Pod (a merge-patch body)."""
     labels: dict[str, str | None] = {api.LEASE_STATE_LABEL: api.LEASE_LEASED}
     labels[api.RUN_LABEL] = lease.run if lease.run and _label_safe(lease.run) else None
@@ -60,7 +69,9 @@ def lease_metadata(lease: Lease) -> dict[str, Any]:
         "labels": labels,
         "annotations": {
             api.LEASE_ANNOTATION: json.dumps(asdict(lease), sort_keys=True),
-            api.LEASE_EXPIRES_ANNOTATION: f"{lease.expires_at:.3f}",
+            # The expiry is written once, inside the record. Versions before it also wrote this
+            # annotation: removing it means an operator of that version never reads a stale expiry.
+            api.LEASE_EXPIRES_ANNOTATION: None,
         },
     }
 
@@ -78,14 +89,14 @@ def unclaim_metadata() -> dict[str, Any]:
     }
 
 
-def lease_from_annotations(annotations: dict[str, str] | None) -> Lease | None:
+def lease_from_annotations(annotations: dict[str, str] | None) -> LeaseRecord | None:
     """The lease recorded on a Pod, or None if it has none (or an unreadable one)."""
     raw = (annotations or {}).get(api.LEASE_ANNOTATION)
     if not raw:
         return None
     try:
         data = json.loads(raw)
-        return Lease(**data)
+        return LeaseRecord(**data)
     except (TypeError, ValueError):
         return None
 

@@ -1,4 +1,4 @@
-"""What the operator observes, as plain frozen data: pools, their templates, sandboxes and nodes."""
+"""What sandfleet observes, as plain frozen data: pools, their templates, sandboxes and nodes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.resources import Resources
 
 # Pods made for a per-image pre-warm carry this label, so they never stand in for the pool's own warm
@@ -29,6 +30,10 @@ BROKEN_WAITING_REASONS = frozenset(
         "RunContainerError",
     }
 )
+
+
+# Every default below is the CRD schema's `default` (tests/unit/core/test_crd_defaults.py checks):
+# the apiserver fills them in, and the code that reads an object without them assumes the same.
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,20 @@ class AutoscalingSpec:
 
 
 @dataclass(frozen=True)
+class LeaseSpec:
+    """The TTLs of a pool's leases (the CRD's spec.lease)."""
+
+    default_ttl_seconds: int = 900
+    max_ttl_seconds: int = 14_400
+
+
+DEFAULT_REPLICAS: Final = 0  # spec.replicas
+DEFAULT_PREWARM_TTL_SECONDS: Final = 600  # a SandboxPrewarm's spec.ttlSeconds
+
+
+@dataclass(frozen=True)
 class PoolSpec:
-    """A SandboxPool as the planner needs it."""
+    """A SandboxPool as the operator and the gateway read it."""
 
     namespace: str
     name: str
@@ -114,10 +131,17 @@ class PoolSpec:
     regions: tuple[RegionSpec, ...]
     template: Template
     autoscaling: AutoscalingSpec = AutoscalingSpec()
+    lease: LeaseSpec = LeaseSpec()
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        """The pool's object key inside the operator (see `object_key`)."""
+        return object_key(self.namespace, self.name)
+
+    @property
+    def max_sandboxes(self) -> int:
+        """The most sandboxes (warm, starting and leased) the pool may ever hold, over its regions."""
+        return sum(r.max_sandboxes for r in self.regions)
 
 
 @dataclass(frozen=True)
@@ -132,34 +156,82 @@ class Prewarm:
     expires_at: float
 
 
+def object_key(namespace: str, name: str) -> str:
+    """A namespaced object's key inside the operator (pools, Pods): Kubernetes' own `ns/name`."""
+    return f"{namespace}/{name}"
+
+
+def lease_id(namespace: str, name: str) -> str:
+    """A sandbox's key and lease id, `ns.name` (public: clients hold it; a Pod is leased once).
+
+    A namespace is a DNS label and holds no dot, so the first dot splits it back (`split_lease_id`).
+    """
+    return f"{namespace}.{name}"
+
+
+def split_lease_id(value: str) -> tuple[str, str] | None:
+    """(namespace, pod name) of a lease id, or None when it is not one of ours."""
+    namespace, dot, name = value.partition(".")
+    if not dot or not namespace or not name or len(value) > 317:
+        return None
+    return namespace, name
+
+
 @dataclass(frozen=True)
 class Sandbox:
-    """One sandbox Pod as observed (or as expected, right after the operator created it)."""
+    """One sandbox Pod: what the operator plans with and what the gateway leases and reaches.
 
+    Read from a Pod by `sandfleet.core.pods.sandbox_from_pod`, or made by the operator for a Pod it
+    has just created.
+    """
+
+    namespace: str
     name: str
+    pool: str
     region: str
-    zone: str | None
-    template_hash: str
-    lease_state: str
-    created_at: float
+    resource_version: str = ""
+    state: str = api.LEASE_FREE  # the lease state: api.LEASE_FREE / LEASE_LEASED / LEASE_RELEASED
+    # Ready condition true *and* phase Running: a Pod whose phase moved on is never leased.
     ready: bool = False
-    broken: bool = False
+    terminating: bool = False  # deletionTimestamp set
+    address: str | None = None
+    port: int = api.DEFAULT_AGENT_PORT
+    lease: LeaseRecord | None = None
+    created_at: float = 0.0
+    image_key: str = ""  # which image it runs (`image_key`), for leases by image
+    zone: str | None = None
+    template_hash: str = ""
     node: str | None = None
-    deleting: bool = False
-    prewarm: bool = False
-    lease_expires_at: float | None = None
-    image_key: str = ""
+    broken: bool = False
     # Its containers got ready once (the sandbox works); Ready may still drop later, e.g. with its node.
     started: bool = False
     unready_since: float | None = None
+    prewarm: bool = False
+    managed: bool = True  # labelled managed-by sandfleet: only those are the operator's to plan and delete
+
+    @property
+    def key(self) -> str:
+        """Its lease id (`lease_id`): the key every index of sandboxes files it under."""
+        return lease_id(self.namespace, self.name)
 
     @property
     def leased(self) -> bool:
-        return self.lease_state == api.LEASE_LEASED
+        return self.state == api.LEASE_LEASED
 
     @property
     def free(self) -> bool:
-        return self.lease_state == api.LEASE_FREE
+        return self.state == api.LEASE_FREE
+
+    @property
+    def warm(self) -> bool:
+        return self.free and self.ready and not self.terminating
+
+    @property
+    def lease_expires_at(self) -> float | None:
+        return self.lease.expires_at if self.lease is not None else None
+
+    def agent_url(self) -> str | None:
+        return f"http://{self.address}:{self.port}" if self.address else None
 
 
 @dataclass(frozen=True)
@@ -185,6 +257,13 @@ class Node:
     taints: tuple[Taint, ...] = ()
 
 
+# The defaults a missing field takes, read from the typed specs above (never restated).
+_REGION: Final = RegionSpec(name="")
+_TEMPLATE: Final = Template(image="")
+_AUTOSCALING: Final = AutoscalingSpec()
+_LEASE: Final = LeaseSpec()
+
+
 def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
     """A PoolSpec from a SandboxPool object as the apiserver returns it (defaults applied)."""
     meta = body.get("metadata", {})
@@ -193,48 +272,60 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
     resources = tpl.get("resources") or {}
     template = Template(
         image=str(tpl.get("image", "")),
-        image_pull_policy=str(tpl.get("imagePullPolicy", "IfNotPresent")),
-        runtime_class_name=str(tpl.get("runtimeClassName", api.DEFAULT_RUNTIME_CLASS)),
-        agent_port=int(tpl.get("agentPort", api.DEFAULT_AGENT_PORT)),
+        image_pull_policy=str(tpl.get("imagePullPolicy", _TEMPLATE.image_pull_policy)),
+        runtime_class_name=str(tpl.get("runtimeClassName", _TEMPLATE.runtime_class_name)),
+        agent_port=int(tpl.get("agentPort", _TEMPLATE.agent_port)),
         env=tuple((str(e["name"]), str(e.get("value", ""))) for e in tpl.get("env") or ()),
         resources={k: dict(v) for k, v in resources.items() if isinstance(v, Mapping)},
         node_selector={str(k): str(v) for k, v in (tpl.get("nodeSelector") or {}).items()},
         tolerations=tuple(dict(t) for t in tpl.get("tolerations") or ()),
-        readiness_deadline_seconds=int(tpl.get("readinessDeadlineSeconds", 120)),
+        readiness_deadline_seconds=int(
+            tpl.get("readinessDeadlineSeconds", _TEMPLATE.readiness_deadline_seconds)
+        ),
         service_account_name=str(tpl["serviceAccountName"]) if tpl.get("serviceAccountName") else None,
     )
     regions = tuple(
         RegionSpec(
             name=str(r["name"]),
-            weight=int(r.get("weight", 1)),
-            min_warm=int(r.get("minWarm", 0)),
-            max_sandboxes=int(r.get("maxSandboxes", 100_000)),
+            weight=int(r.get("weight", _REGION.weight)),
+            min_warm=int(r.get("minWarm", _REGION.min_warm)),
+            max_sandboxes=int(r.get("maxSandboxes", _REGION.max_sandboxes)),
             zones=tuple(str(z) for z in r.get("zones") or ()),
         )
         for r in spec.get("regions") or ()
     )
     auto = spec.get("autoscaling") or {}
     autoscaling = AutoscalingSpec(
-        enabled=bool(auto.get("enabled", False)),
-        min_replicas=int(auto.get("minReplicas", 0)),
-        max_replicas=int(auto.get("maxReplicas", 100)),
-        headroom=float(auto.get("headroom", 0.2)),
-        scale_down_delay_seconds=int(auto.get("scaleDownDelaySeconds", 300)),
+        enabled=bool(auto.get("enabled", _AUTOSCALING.enabled)),
+        min_replicas=int(auto.get("minReplicas", _AUTOSCALING.min_replicas)),
+        max_replicas=int(auto.get("maxReplicas", _AUTOSCALING.max_replicas)),
+        headroom=float(auto.get("headroom", _AUTOSCALING.headroom)),
+        scale_down_delay_seconds=int(
+            auto.get("scaleDownDelaySeconds", _AUTOSCALING.scale_down_delay_seconds)
+        ),
+    )
+    lease = spec.get("lease") or {}
+    lease_spec = LeaseSpec(
+        default_ttl_seconds=int(lease.get("defaultTTLSeconds", _LEASE.default_ttl_seconds)),
+        max_ttl_seconds=int(lease.get("maxTTLSeconds", _LEASE.max_ttl_seconds)),
     )
     return PoolSpec(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         generation=int(meta.get("generation", 0)),
-        replicas=int(spec.get("replicas", 0)),
+        replicas=int(spec.get("replicas", DEFAULT_REPLICAS)),
         regions=regions,
         template=template,
         autoscaling=autoscaling,
+        lease=lease_spec,
     )
 
 
-def parse_time(value: str | None) -> float | None:
-    """Unix seconds from an RFC 3339 timestamp as the apiserver writes them."""
+def parse_time(value: str | datetime | None) -> float | None:
+    """Unix seconds from an RFC 3339 timestamp as the apiserver writes them (or a parsed one)."""
+    if isinstance(value, datetime):
+        return value.timestamp()
     if not value:
         return None
     return datetime.fromisoformat(value).timestamp()
@@ -247,7 +338,9 @@ def prewarm_from_object(body: Mapping[str, Any], now: float) -> Prewarm:
     written = [parse_time(meta.get("creationTimestamp"))]
     written += [parse_time(entry.get("time")) for entry in meta.get("managedFields") or ()]
     last_write = max((t for t in written if t is not None), default=now)
-    expires_at = parse_time(spec.get("expiresAt")) or last_write + float(spec.get("ttlSeconds", 600))
+    expires_at = parse_time(spec.get("expiresAt")) or last_write + float(
+        spec.get("ttlSeconds", DEFAULT_PREWARM_TTL_SECONDS)
+    )
     return Prewarm(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
+from sandfleet.core.leases import lease_expired
 from sandfleet.core.model import PoolSpec, RegionSpec, Sandbox, Template
 from sandfleet.core.placement import RegionCapacity, ideal_split, pick_zones, split_target
 
@@ -222,7 +223,7 @@ def _classify(
     deletes: list[Delete] = []
     failed_now = 0
     for sandbox in sorted(sandboxes, key=lambda s: (s.created_at, s.name)):
-        if sandbox.deleting:
+        if sandbox.terminating:
             continue
         region = regions.get(sandbox.region)
         zones = capacity.get(sandbox.region, RegionCapacity()).zones
@@ -247,11 +248,11 @@ def _classify_one(
     now: float,
 ) -> Delete | None:
     """Why `sandbox` goes now, or None once it is counted in `region`."""
-    if sandbox.lease_state == api.LEASE_RELEASED:
+    if sandbox.state == api.LEASE_RELEASED:
         return Delete(sandbox.name, RELEASED)
     if not sandbox.free:
         # Leased (or a state this operator does not know): never touched until the lease ends.
-        if sandbox.leased and sandbox.lease_expires_at is not None and sandbox.lease_expires_at <= now:
+        if sandbox.leased and lease_expired(sandbox.lease_expires_at, now):
             return Delete(sandbox.name, LEASE_EXPIRED)
         if region is not None:
             region.leased += 1

@@ -1,4 +1,4 @@
-"""Sandbox Pods as plain dicts: the manifest the operator creates, and what it reads from Pods and Nodes."""
+"""Sandbox Pods as plain dicts: the manifest the operator creates, and the one reading of Pods and Nodes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from sandfleet.core import api
 from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token
+from sandfleet.core.leases import lease_from_annotations
 from sandfleet.core.model import (
     BROKEN_WAITING_REASONS,
     PREWARM_LABEL,
@@ -182,37 +183,56 @@ def _is_broken(pod: Mapping[str, Any]) -> bool:
 
 
 def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
-    """The Sandbox a Pod is, or None for a Pod that is not a sandfleet sandbox."""
-    meta = pod.get("metadata", {})
+    """The Sandbox a Pod is, or None for a Pod without a pool label (not a sandbox).
+
+    The one reading of a sandbox Pod, for the operator (which plans only `managed` ones) and the
+    gateway alike. A missing lease-state label reads as no state at all: neither free (so never
+    leased) nor leased (so never reaped).
+    """
+    meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    if labels.get(api.MANAGED_BY_LABEL) != api.MANAGED_BY or api.POOL_LABEL not in labels:
+    pool = labels.get(api.POOL_LABEL)
+    if not pool:
         return None
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
     ready = _condition(pod, "Ready")
     containers_ready = _condition(pod, "ContainersReady")
-    is_ready = bool(ready and ready.get("status") == "True")
-    expires = (meta.get("annotations") or {}).get(api.LEASE_EXPIRES_ANNOTATION)
-    try:
-        expires_at = float(expires) if expires else None
-    except ValueError:
-        expires_at = None
-    spec = pod.get("spec", {})
+    # A Pod that is no longer Running (finished, or its node unknown) must not be leased even while
+    # its last Ready condition still says True.
+    is_ready = bool(ready and ready.get("status") == "True") and status.get("phase") == "Running"
     return Sandbox(
+        namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
+        pool=str(pool),
         region=str(labels.get(api.SANDBOX_REGION_LABEL, "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        state=str(labels.get(api.LEASE_STATE_LABEL, "")),
+        ready=is_ready,
+        terminating=bool(meta.get("deletionTimestamp")),
+        address=status.get("podIP"),
+        port=_agent_port(spec),
+        lease=lease_from_annotations(meta.get("annotations")),
+        created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
+        image_key=str(labels.get(api.IMAGE_KEY_LABEL, "")),
         zone=(spec.get("nodeSelector") or {}).get(api.ZONE_LABEL),
         template_hash=str(labels.get(api.TEMPLATE_HASH_LABEL, "")),
-        lease_state=str(labels.get(api.LEASE_STATE_LABEL, "")),
-        created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
-        ready=is_ready,
-        broken=_is_broken(pod),
         node=spec.get("nodeName"),
-        deleting=bool(meta.get("deletionTimestamp")),
-        prewarm=labels.get(PREWARM_LABEL) == "true",
-        lease_expires_at=expires_at,
-        image_key=str(labels.get(api.IMAGE_KEY_LABEL, "")),
+        broken=_is_broken(pod),
         started=bool(containers_ready and containers_ready.get("status") == "True"),
         unready_since=None if is_ready or not ready else parse_time(ready.get("lastTransitionTime")),
+        prewarm=labels.get(PREWARM_LABEL) == "true",
+        managed=labels.get(api.MANAGED_BY_LABEL) == api.MANAGED_BY,
     )
+
+
+def _agent_port(spec: Mapping[str, Any]) -> int:
+    port = api.DEFAULT_AGENT_PORT
+    for container in spec.get("containers") or ():
+        if container.get("name") == api.SANDBOX_CONTAINER:
+            for declared in container.get("ports") or ():
+                port = int(declared.get("containerPort", port))
+    return port
 
 
 def startup_phases(pod: Mapping[str, Any]) -> dict[str, float] | None:

@@ -1,12 +1,33 @@
-"""An ordered index of warm sandboxes per (pool, image key), updated one change at a time."""
+"""Which warm sandbox a lease should take: the order, and an index per (pool, image key) that keeps it."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from sandfleet.core.sandboxes import Sandbox, preference_rank
+from sandfleet.core.model import Sandbox
+
+
+def pick_warm(
+    candidates: Iterable[Sandbox], regions: tuple[str, ...], skip: frozenset[str] = frozenset()
+) -> list[Sandbox]:
+    """Warm sandboxes in the order a lease should try them: preferred regions first, then the rest.
+
+    Within a region the oldest goes first, so warm sandboxes turn over instead of aging.
+    """
+    rank = preference_rank(regions)
+    warm = [s for s in candidates if s.warm and s.key not in skip]
+    return sorted(warm, key=lambda s: (rank.get(s.region, len(rank)), s.created_at, s.name))
+
+
+def preference_rank(regions: tuple[str, ...]) -> dict[str, int]:
+    """Each preferred region's rank, by its first mention (a repeated region keeps its place)."""
+    rank: dict[str, int] = {}
+    for region in regions:
+        rank.setdefault(region, len(rank))
+    return rank
+
 
 Shelf = tuple[str, str]  # (pool, image key): sandboxes that are interchangeable for a lease
 _Entry = tuple[float, str, str, int]  # (created_at, name, key, token): a heap entry of one region

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from sandfleet.core.leases import Lease
-from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.model import RegionSpec, Sandbox
 from sandfleet.core.warm_index import WarmIndex
 
 
@@ -23,7 +23,7 @@ class PoolInfo:
     image: str
     # The most sandboxes (warm, starting and leased) the pool may ever hold: a group or a prefetch
     # above it can never be served, so it is refused at once.
-    max_sandboxes: int = 100_000
+    max_sandboxes: int = RegionSpec(name="").max_sandboxes
     # Whether a prefetch can warm images other than the template's (the local runtime runs one):
     # when not, an acquire for another image can never be served and is refused at once.
     other_images: bool = True
@@ -58,10 +58,10 @@ class Backend(Protocol):
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
         """Call `on_change` whenever a sandbox is added or changes (e.g. becomes warm)."""
 
-    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         """Put `lease` on `sandbox` if nobody changed it since it was read; None if somebody did."""
 
-    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         """Replace the lease on a leased sandbox (renewal), conditionally like `claim`."""
 
     async def unclaim(self, sandbox: Sandbox) -> None:

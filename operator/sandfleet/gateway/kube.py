@@ -14,11 +14,11 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sandfleet.core import api
+from sandfleet.core import api, model
 from sandfleet.core.lease_keys import LeaseKeys
-from sandfleet.core.leases import Lease, lease_metadata, release_metadata, unclaim_metadata
-from sandfleet.core.model import image_key
-from sandfleet.core.sandboxes import Sandbox, sandbox_from_pod, split_lease_id
+from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
+from sandfleet.core.model import Sandbox, image_key, split_lease_id
+from sandfleet.core.pods import sandbox_from_pod
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
 
@@ -41,16 +41,15 @@ async def load_client_config() -> client.ApiClient:
 
 
 def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
-    spec = obj.get("spec") or {}
-    lease = spec.get("lease") or {}
+    pool = model.pool_from_object(obj)
     return PoolInfo(
-        namespace=obj["metadata"]["namespace"],
-        name=obj["metadata"]["name"],
-        default_ttl_seconds=int(lease.get("defaultTTLSeconds", 900)),
-        max_ttl_seconds=int(lease.get("maxTTLSeconds", 14400)),
-        regions=tuple(r["name"] for r in spec.get("regions") or []),
-        image=(spec.get("template") or {}).get("image", ""),
-        max_sandboxes=sum(int(r.get("maxSandboxes", 100_000)) for r in spec.get("regions") or []),
+        namespace=pool.namespace,
+        name=pool.name,
+        default_ttl_seconds=pool.lease.default_ttl_seconds,
+        max_ttl_seconds=pool.lease.max_ttl_seconds,
+        regions=tuple(r.name for r in pool.regions),
+        image=pool.template.image,
+        max_sandboxes=pool.max_sandboxes,
     )
 
 
@@ -106,10 +105,10 @@ class KubeBackend:
 
     # -- Backend: conditional writes -----------------------------------------------------------
 
-    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         return await self._patch(sandbox, lease_metadata(lease))
 
-    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         return await self._patch(sandbox, lease_metadata(lease))
 
     async def unclaim(self, sandbox: Sandbox) -> None:

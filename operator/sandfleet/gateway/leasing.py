@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 from sandfleet.core import api
 from sandfleet.core.lease_keys import KeyOwner, key_owner
-from sandfleet.core.leases import Lease, LeaseError, choose_ttl
-from sandfleet.core.model import image_key
+from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
+from sandfleet.core.model import Sandbox, image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_order
 from sandfleet.core.quotas import CapacityError, Quotas, check_group, check_leases, check_prefetch
-from sandfleet.core.sandboxes import Sandbox
 from sandfleet.core.warm_index import Shelf
 from sandfleet.gateway.backend import Backend, PoolInfo
 
@@ -80,7 +79,7 @@ MAX_STALE = 100_000  # lost claims remembered (a deleted Pod's entry would other
 class Granted:
     """Leases handed out, with where the time went."""
 
-    leases: list[tuple[Lease, Sandbox]]
+    leases: list[tuple[LeaseRecord, Sandbox]]
     queue_seconds: float  # waiting, less the boot time below
     claim_seconds: float
     position: int  # place in the queue on arrival; 0 when served at once
@@ -103,8 +102,8 @@ class _Waiter:
     shelf: Shelf
     ttl: int
     arrived: float
-    future: asyncio.Future[list[tuple[Lease, Sandbox]]]
-    got: list[tuple[Lease, Sandbox]] = field(default_factory=list)
+    future: asyncio.Future[list[tuple[LeaseRecord, Sandbox]]]
+    got: list[tuple[LeaseRecord, Sandbox]] = field(default_factory=list)
     claim_seconds: float = 0.0
     abandoned: bool = False  # its wait ran out
     cancelled: bool = False  # its caller went away: whatever it gets goes back to warm
@@ -223,7 +222,7 @@ class LeaseService:
                 shared.task.cancel()
                 await asyncio.wait({shared.task})  # it has left the queue when we return
 
-    async def _adopt(self, found: list[tuple[Lease, Sandbox]]) -> list[tuple[Lease, Sandbox]]:
+    async def _adopt(self, found: list[tuple[LeaseRecord, Sandbox]]) -> list[tuple[LeaseRecord, Sandbox]]:
         """Hand earlier leases to a retry only after a conditional write (a renewal) on each.
 
         The gateway that claimed them may be un-claiming them because the first attempt's client
@@ -241,7 +240,7 @@ class LeaseService:
         if self._by_idempotency_key.get(key) is shared:
             del self._by_idempotency_key[key]
 
-    def _leases_with_key(self, idempotency_key: str, holder: str) -> list[tuple[Lease, Sandbox]]:
+    def _leases_with_key(self, idempotency_key: str, holder: str) -> list[tuple[LeaseRecord, Sandbox]]:
         # An expired lease is not handed back: its sandbox is being reaped, so a retry gets a new one.
         now = self.clock()
         found = []
@@ -340,7 +339,9 @@ class LeaseService:
         boot = self._boot_seconds(waiter, leases, waited)
         return Granted(leases, waited - boot, waiter.claim_seconds, position - 1, boot)
 
-    def _boot_seconds(self, waiter: _Waiter, leases: list[tuple[Lease, Sandbox]], waited: float) -> float:
+    def _boot_seconds(
+        self, waiter: _Waiter, leases: list[tuple[LeaseRecord, Sandbox]], waited: float
+    ) -> float:
         """The part of a wait spent on sandboxes being created (a group waits for its slowest)."""
         granted = waiter.arrived + waited
         boot = 0.0
@@ -351,7 +352,7 @@ class LeaseService:
 
     async def _give_up(
         self, queue: _PoolQueue, waiter: _Waiter, eta_each: float
-    ) -> list[tuple[Lease, Sandbox]]:
+    ) -> list[tuple[LeaseRecord, Sandbox]]:
         waiter.abandoned = True
         if waiter in queue.waiters:
             position = list(queue.waiters).index(waiter) + 1
@@ -472,9 +473,9 @@ class LeaseService:
             queue.waiters.appendleft(waiter)  # lost a race: keep its place at the head
         self._dispatch(waiter.shelf)
 
-    def _lease_for(self, waiter: _Waiter, sandbox: Sandbox, now: float) -> Lease:
+    def _lease_for(self, waiter: _Waiter, sandbox: Sandbox, now: float) -> LeaseRecord:
         request = waiter.request
-        return Lease(
+        return LeaseRecord(
             id=sandbox.key,
             pool=request.pool,
             holder=request.holder,
@@ -501,7 +502,7 @@ class LeaseService:
         elif waiter.future.done() and not waiter.future.cancelled() and not waiter.future.exception():
             self._give_back(waiter.future.result())  # granted in the very step it was cancelled
 
-    def _give_back(self, leases: list[tuple[Lease, Sandbox]]) -> asyncio.Future[None]:
+    def _give_back(self, leases: list[tuple[LeaseRecord, Sandbox]]) -> asyncio.Future[None]:
         """Un-claim sandboxes nobody received, in a task of its own (a cancelled caller can't wait)."""
         keys = {sandbox.key for _, sandbox in leases}
         self._disowned.update(keys)
@@ -547,7 +548,7 @@ class LeaseService:
 
     # -- the lease's life ----------------------------------------------------------------------
 
-    async def current(self, lease_id: str, holder: str | None = None) -> tuple[Lease, Sandbox]:
+    async def current(self, lease_id: str, holder: str | None = None) -> tuple[LeaseRecord, Sandbox]:
         """The live lease and its sandbox, or NotFound / Gone / Forbidden saying why not."""
         sandbox = self.backend.sandbox(lease_id)
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
@@ -565,7 +566,7 @@ class LeaseService:
             raise Gone(f"lease {lease_id!r} expired; acquire a new one and renew it sooner")
         return lease, sandbox
 
-    async def renew(self, lease_id: str, holder: str, ttl_seconds: int | None) -> Lease:
+    async def renew(self, lease_id: str, holder: str, ttl_seconds: int | None) -> LeaseRecord:
         for _ in range(5):
             lease, sandbox = await self.current(lease_id, holder)
             pool = self.backend.pool(lease.pool)
@@ -603,7 +604,7 @@ class LeaseService:
 
     def leases(
         self, pool: str | None = None, run: str | None = None, holder: str | None = None
-    ) -> list[tuple[Lease, Sandbox]]:
+    ) -> list[tuple[LeaseRecord, Sandbox]]:
         now = self.clock()
         found = []
         for sandbox in self.backend.sandboxes(pool):

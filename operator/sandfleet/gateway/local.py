@@ -13,14 +13,12 @@ from dataclasses import replace
 
 from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
-from sandfleet.core.leases import Lease, LeaseError
-from sandfleet.core.model import image_key
-from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.leases import LeaseError, LeaseRecord
+from sandfleet.core.model import LeaseSpec, Sandbox, image_key
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.local.pool import WarmPool
-from sandfleet.local.runtime import LocalRuntime
-from sandfleet.local.runtime import Sandbox as LocalSandbox
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +41,8 @@ class LocalBackend:
         pool_name: str,
         image: str,
         warm: int,
-        default_ttl_seconds: int = 900,
-        max_ttl_seconds: int = 14400,
+        default_ttl_seconds: int = LeaseSpec().default_ttl_seconds,
+        max_ttl_seconds: int = LeaseSpec().max_ttl_seconds,
         clock: Callable[[], float] = time.time,
         max_sandboxes: int = MAX_SANDBOXES,
     ) -> None:
@@ -63,7 +61,7 @@ class LocalBackend:
         self.clock = clock
         self.warm_pool = WarmPool(runtime, warm, on_ready=self._on_ready, on_retire=self._on_retired)
         self._sandboxes: dict[str, Sandbox] = {}
-        self._local: dict[str, LocalSandbox] = {}
+        self._local: dict[str, RunscSandbox] = {}
         self._ended: OrderedDict[str, Sandbox] = OrderedDict()
         self._listeners: list[Callable[[Sandbox], None]] = []
         self._warm = WarmShelves()
@@ -121,7 +119,7 @@ class LocalBackend:
 
     # -- Backend: writes -----------------------------------------------------------------------
 
-    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         current = self._sandboxes.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
@@ -129,7 +127,7 @@ class LocalBackend:
             return None
         return self._store(replace(current, state=api.LEASE_LEASED, lease=lease))
 
-    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         current = self._sandboxes.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
@@ -175,7 +173,7 @@ class LocalBackend:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _on_ready(self, local: LocalSandbox) -> None:
+    def _on_ready(self, local: RunscSandbox) -> None:
         key = f"{NAMESPACE}.{local.id}"
         self._local[key] = local
         self._store(
@@ -198,7 +196,7 @@ class LocalBackend:
             )
         )
 
-    def _on_lost(self, local: LocalSandbox) -> None:
+    def _on_lost(self, local: RunscSandbox) -> None:
         """A sandbox died: a warm one is replaced; a leased one loses its address (calls: sandbox_lost)."""
         key = f"{NAMESPACE}.{local.id}"
         current = self._sandboxes.get(key)
@@ -211,7 +209,7 @@ class LocalBackend:
         # Listeners (the proxy among them) hear it at once: requests in flight end with sandbox_lost.
         self._store(replace(current, ready=False, address=None))
 
-    def _on_retired(self, local: LocalSandbox) -> None:
+    def _on_retired(self, local: RunscSandbox) -> None:
         """The warm pool shrank and destroyed this ready sandbox: it is neither warm nor leasable."""
         key = f"{NAMESPACE}.{local.id}"
         current = self._sandboxes.pop(key, None)

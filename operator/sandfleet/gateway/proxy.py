@@ -19,7 +19,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandfleet.core.agent_tokens import agent_token
-from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.model import Sandbox
 
 # Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus our own credentials.
 HOP_HEADERS = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from sandfleet.core.leases import Lease
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.policy import STALE_LABEL, Mode, PolicyError, RunPolicy, decide, publish, staleness
 from sandfleet.core.profile import Profile, Span, check_span, profile
 from sandfleet.gateway.auth import Caller
@@ -216,7 +216,11 @@ class Runs:
     # -- what the gateway sees itself ------------------------------------------------------------
 
     def leased(
-        self, leases: Iterable[Lease], queue_seconds: float, claim_seconds: float, boot_seconds: float = 0.0
+        self,
+        leases: Iterable[LeaseRecord],
+        queue_seconds: float,
+        claim_seconds: float,
+        boot_seconds: float = 0.0,
     ) -> None:
         """Record an acquire's queue, boot and claim time against its run; track its leases.
 

@@ -7,26 +7,16 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sandfleet.core.warm_pool import PoolCounts, plan_warm_step
 from sandfleet.local.errors import LocalRuntimeError
-from sandfleet.local.runtime import LocalRuntime, Sandbox, SandboxSpec
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A sandbox handed out by the pool, and how it was obtained."""
-
-    sandbox: Sandbox
-    warm: bool
-    wait_s: float
-
-
 class WarmPool:
-    """Keeps `size` ready sandboxes of one spec; acquire takes one (or creates one cold if empty)."""
+    """Keeps `size` ready sandboxes of one spec; the backend takes the one it hands out, and it refills."""
 
     def __init__(
         self,
@@ -35,8 +25,8 @@ class WarmPool:
         *,
         spec: SandboxSpec | None = None,
         max_parallel_creates: int = 2,
-        on_ready: Callable[[Sandbox], None] | None = None,
-        on_retire: Callable[[Sandbox], None] | None = None,
+        on_ready: Callable[[RunscSandbox], None] | None = None,
+        on_retire: Callable[[RunscSandbox], None] | None = None,
     ) -> None:
         if size < 0:
             raise ValueError("pool size must not be negative")
@@ -47,7 +37,7 @@ class WarmPool:
         self.on_ready = on_ready  # told of each sandbox as it joins the ready set
         self.on_retire = on_retire  # told of each ready sandbox destroyed because the pool shrank
         self.failures = 0
-        self._ready: deque[Sandbox] = deque()
+        self._ready: deque[RunscSandbox] = deque()
         self._creating: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._closed = False
@@ -68,20 +58,7 @@ class WarmPool:
         self.size = size
         self._refill()
 
-    async def acquire(self) -> Lease:
-        """Take a ready sandbox, or create one cold when none is ready; the pool refills behind it."""
-        if self._closed:
-            raise LocalRuntimeError("the pool is closed")
-        started = time.monotonic()
-        if self._ready:
-            sandbox = self._ready.popleft()
-            self._refill()
-            return Lease(sandbox=sandbox, warm=True, wait_s=time.monotonic() - started)
-        self._refill()
-        sandbox = await self.runtime.create(self.spec)
-        return Lease(sandbox=sandbox, warm=False, wait_s=time.monotonic() - started)
-
-    def take(self, sandbox: Sandbox) -> bool:
+    def take(self, sandbox: RunscSandbox) -> bool:
         """Take this ready sandbox out of the pool (False if it is no longer there); refills."""
         try:
             self._ready.remove(sandbox)
@@ -90,7 +67,7 @@ class WarmPool:
         self._refill()
         return True
 
-    def put_back(self, sandbox: Sandbox) -> None:
+    def put_back(self, sandbox: RunscSandbox) -> None:
         """Return a sandbox taken with `take` but never used: it is ready again, first in line.
 
         No refill here: retiring the surplus now would destroy a sandbox its owner still lists as
@@ -98,10 +75,6 @@ class WarmPool:
         """
         self._ready.appendleft(sandbox)
         self._changed.set()
-
-    def release(self, lease: Lease) -> None:
-        """Give a sandbox back: it is destroyed (never reused) off the critical path."""
-        self.runtime.release(lease.sandbox)
 
     async def wait_full(self, timeout_s: float = 60.0) -> None:
         """Wait until the pool holds its target of ready sandboxes."""

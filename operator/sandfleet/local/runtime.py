@@ -61,7 +61,7 @@ class SandboxSpec:
 
 
 @dataclass
-class Sandbox:
+class RunscSandbox:
     """A running sandbox whose agent answered."""
 
     id: str
@@ -120,13 +120,13 @@ class LocalRuntime:
         # Only whoever holds this key (this runtime, and the gateway it is given to) can reach agents.
         self.fleet_key = fleet_key or new_fleet_key()
         # Told (on the event loop) of each sandbox that died without being released.
-        self.loss_listeners: list[Callable[[Sandbox], None]] = []
+        self.loss_listeners: list[Callable[[RunscSandbox], None]] = []
         self.instance_id = secrets.token_hex(4)
         self.instance_dir = state_dir / "instances" / self.instance_id
         self.runsc_root = self.instance_dir / "runsc"
         self.rootfs = self.instance_dir / "rootfs"
         self.slots = network.SlotTable(state_dir / "slots", subnet)
-        self.sandboxes: dict[str, Sandbox] = {}
+        self.sandboxes: dict[str, RunscSandbox] = {}
         self._specs: dict[str, SandboxSpec] = {}
         self.cleanup_report: hoststate.CleanupReport | None = None
         self._config: ImageConfig | None = None
@@ -200,11 +200,11 @@ class LocalRuntime:
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def create(self, spec: SandboxSpec | None = None) -> Sandbox:
+    async def create(self, spec: SandboxSpec | None = None) -> RunscSandbox:
         """Create (boot) a sandbox and return once its agent answers /v1/ready."""
         return await self._start_sandbox(spec or SandboxSpec(), snapshot=None)
 
-    async def restore(self, snapshot: Snapshot) -> Sandbox:
+    async def restore(self, snapshot: Snapshot) -> RunscSandbox:
         """Start a sandbox from a golden snapshot instead of booting it; same readiness rule.
 
         Every restored sandbox begins in the identical state the golden one was in (files in its
@@ -214,7 +214,7 @@ class LocalRuntime:
             raise LocalRuntimeError(f"snapshot {snapshot.path} does not exist (was its runtime closed?)")
         return await self._start_sandbox(snapshot.spec, snapshot=snapshot)
 
-    async def snapshot(self, sandbox: Sandbox, *, keep_running: bool = False) -> Snapshot:
+    async def snapshot(self, sandbox: RunscSandbox, *, keep_running: bool = False) -> Snapshot:
         """Checkpoint a set-up sandbox into a golden snapshot (runsc checkpoint).
 
         Without `keep_running` the sandbox is consumed (checkpoint stops it) and released.
@@ -245,7 +245,7 @@ class LocalRuntime:
             self.release(sandbox)
         return snapshot
 
-    async def _start_sandbox(self, spec: SandboxSpec, snapshot: Snapshot | None) -> Sandbox:
+    async def _start_sandbox(self, spec: SandboxSpec, snapshot: Snapshot | None) -> RunscSandbox:
         if self._lock_fd is None or self._config is None:
             raise LocalRuntimeError("the runtime is not started")
         started = time.monotonic()
@@ -253,7 +253,7 @@ class LocalRuntime:
         slot = self.slots.claim(self.instance_id)
         addresses = self.slots.addresses(slot)
         bundle = self.instance_dir / "sandboxes" / sandbox_id
-        sandbox = Sandbox(
+        sandbox = RunscSandbox(
             id=sandbox_id,
             slot=slot,
             address=str(addresses.sandbox),
@@ -290,7 +290,7 @@ class LocalRuntime:
         }
         return sandbox
 
-    def release(self, sandbox: Sandbox) -> asyncio.Task[None]:
+    def release(self, sandbox: RunscSandbox) -> asyncio.Task[None]:
         """Destroy a sandbox in the background (teardown stays off the caller's critical path)."""
         self.sandboxes.pop(sandbox.id, None)
         self._specs.pop(sandbox.id, None)
@@ -300,7 +300,7 @@ class LocalRuntime:
         task.add_done_callback(self._pending_destroys.discard)
         return task
 
-    async def destroy(self, sandbox: Sandbox) -> None:
+    async def destroy(self, sandbox: RunscSandbox) -> None:
         """Destroy a sandbox and wait until everything it held is gone."""
         await self.release(sandbox)
 
@@ -309,7 +309,7 @@ class LocalRuntime:
         while self._pending_destroys:
             await asyncio.gather(*list(self._pending_destroys), return_exceptions=True)
 
-    async def _destroy(self, sandbox: Sandbox) -> None:
+    async def _destroy(self, sandbox: RunscSandbox) -> None:
         root = f"--root={self.runsc_root}"
         await run_command([str(self.runsc), root, "kill", sandbox.id, "KILL"], check=False, timeout_s=30)
         await run_command([str(self.runsc), root, "delete", "--force", sandbox.id], check=False, timeout_s=60)
@@ -321,7 +321,7 @@ class LocalRuntime:
             output.close()
         self._expected_exits.discard(sandbox.id)
 
-    async def _runsc_start(self, sandbox: Sandbox, command: list[str]) -> None:
+    async def _runsc_start(self, sandbox: RunscSandbox, command: list[str]) -> None:
         argv = [str(self.runsc), *self._runsc_flags(), *command, sandbox.id]
         # The sandbox inherits the pipe's write end as the agent's stdout and stderr: what it
         # writes stays in memory (a bounded tail), never on the host disk.
@@ -364,7 +364,7 @@ class LocalRuntime:
             flags += ["--debug", f"--debug-log={self.debug_log_dir}/"]
         return flags
 
-    async def _wait_ready(self, sandbox: Sandbox) -> None:
+    async def _wait_ready(self, sandbox: RunscSandbox) -> None:
         assert self._client is not None
         deadline = time.monotonic() + self.ready_timeout_s
         url = f"{sandbox.url}/v1/ready"
@@ -383,19 +383,19 @@ class LocalRuntime:
             f"agent log: {self._log_tail(sandbox)}"
         )
 
-    def _log_tail(self, sandbox: Sandbox) -> str:
+    def _log_tail(self, sandbox: RunscSandbox) -> str:
         output = self._outputs.get(sandbox.id)
         if output is None:
             return "(no log)"
         output.pull()  # what runsc wrote just before failing may not have been read yet
         return output.text()[-2000:].strip() or "(empty)"
 
-    def output_tail(self, sandbox: Sandbox) -> bytes:
+    def output_tail(self, sandbox: RunscSandbox) -> bytes:
         """The last OUTPUT_TAIL_BYTES the sandbox's agent wrote to stdout and stderr."""
         output = self._outputs.get(sandbox.id)
         return output.tail() if output is not None else b""
 
-    def _sandbox_exited(self, sandbox: Sandbox) -> None:
+    def _sandbox_exited(self, sandbox: RunscSandbox) -> None:
         # Every holder of the pipe's write end (the sandbox and gofer processes) is gone.
         if sandbox.id in self._expected_exits or self.sandboxes.get(sandbox.id) is not sandbox:
             return
@@ -403,7 +403,7 @@ class LocalRuntime:
         for listener in list(self.loss_listeners):
             listener(sandbox)
 
-    def _oci_spec(self, sandbox: Sandbox, spec: SandboxSpec) -> dict[str, object]:
+    def _oci_spec(self, sandbox: RunscSandbox, spec: SandboxSpec) -> dict[str, object]:
         assert self._config is not None
         config = self._config
         limits = spec.limits

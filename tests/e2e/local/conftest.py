@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandfleet.local.runtime import LocalRuntime, Sandbox
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 from sandfleet.local.tools import GVISOR_SCRIPT, IMAGE_BUILD_SCRIPT, ImageRef, image_ref_from_json
 
 BUILD_TIMEOUT_S = 1800
@@ -62,13 +62,13 @@ async def runtime(runsc: Path, base_image: ImageRef) -> AsyncIterator[LocalRunti
 
 
 @pytest.fixture
-async def sandbox(runtime: LocalRuntime) -> Sandbox:
+async def sandbox(runtime: LocalRuntime) -> RunscSandbox:
     """One ready sandbox with default limits."""
     return await runtime.create()
 
 
 @pytest.fixture
-async def agent(sandbox: Sandbox) -> AsyncIterator[httpx.AsyncClient]:
+async def agent(sandbox: RunscSandbox) -> AsyncIterator[httpx.AsyncClient]:
     """A client for the sandbox's agent, on the sandbox's own address, with its token."""
     async with httpx.AsyncClient(
         base_url=sandbox.url, headers=sandbox.headers, timeout=60, trust_env=False
@@ -85,7 +85,7 @@ async def sh(client: httpx.AsyncClient, command: str, **extra: object) -> dict[s
     return body
 
 
-def host_debris(runtime: LocalRuntime, sandboxes: list[Sandbox]) -> dict[str, list[str]]:
+def host_debris(runtime: LocalRuntime, sandboxes: list[RunscSandbox]) -> dict[str, list[str]]:
     """Everything of these sandboxes (and the runtime) still on the host, by kind."""
     from sandfleet.local import hoststate, network
 

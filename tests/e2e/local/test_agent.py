@@ -10,7 +10,7 @@ import tarfile
 import httpx
 import pytest
 
-from sandfleet.local.runtime import Sandbox
+from sandfleet.local.runtime import RunscSandbox
 from tests.e2e.local.conftest import sh
 
 pytestmark = pytest.mark.gvisor
@@ -21,7 +21,9 @@ PATCH = (
 )
 
 
-async def test_health_and_ready_from_inside_the_sandbox(agent: httpx.AsyncClient, sandbox: Sandbox) -> None:
+async def test_health_and_ready_from_inside_the_sandbox(
+    agent: httpx.AsyncClient, sandbox: RunscSandbox
+) -> None:
     # Health is unauthenticated, so it only says the agent serves; who and where come from exec.
     assert (await agent.get("/v1/health")).json()["status"] == "ok"
     inside = await agent.post("/v1/exec", json={"shell": "id -u; pwd; grep -E '^Uid:' /proc/1/status"})

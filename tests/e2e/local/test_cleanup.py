@@ -16,7 +16,7 @@ import pytest
 
 from sandfleet.local import hoststate, network
 from sandfleet.local.errors import LocalRuntimeError
-from sandfleet.local.runtime import LocalRuntime, Sandbox
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 from sandfleet.local.tools import ImageRef
 from tests.e2e.local.conftest import host_debris
 
@@ -98,7 +98,7 @@ async def test_a_crashed_runtime_is_cleaned_up_by_the_next_one(runsc: Path, base
         assert report.containers == 2
         assert leftovers(owned) == {}
         # And the successor works normally afterwards.
-        sandbox: Sandbox = await successor.create()
+        sandbox: RunscSandbox = await successor.create()
         async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
             assert (await client.get(f"{sandbox.url}/v1/ready")).status_code == 200
 

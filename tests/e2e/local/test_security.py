@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sandfleet.core.limits import limits_from
-from sandfleet.local.runtime import LocalRuntime, Sandbox, SandboxSpec
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec
 from tests.e2e.local.conftest import sh
 
 pytestmark = pytest.mark.gvisor
@@ -142,7 +142,7 @@ async def test_sandboxes_do_not_share_writes_and_the_shared_rootfs_stays_clean(r
 
 async def test_host_loopback_and_host_address_are_unreachable(
     agent: httpx.AsyncClient,
-    sandbox: Sandbox,
+    sandbox: RunscSandbox,
     runtime: LocalRuntime,
     host_servers: tuple[CountingServer, CountingServer],
 ) -> None:
@@ -197,7 +197,7 @@ async def test_sandboxes_cannot_reach_each_other(runtime: LocalRuntime) -> None:
         assert (await host.get(f"{second.url}/v1/health")).status_code == 200
 
 
-async def _exec_latency(client: httpx.AsyncClient, sandbox: Sandbox) -> float:
+async def _exec_latency(client: httpx.AsyncClient, sandbox: RunscSandbox) -> float:
     started = time.monotonic()
     response = await client.post(f"{sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=sandbox.headers)
     assert response.json()["exit_code"] == 0

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sandfleet.core import api
 from sandfleet.core.leases import (
-    Lease,
     LeaseError,
+    LeaseRecord,
     choose_ttl,
+    lease_expired,
     lease_from_annotations,
     lease_metadata,
     release_metadata,
@@ -19,7 +22,7 @@ from sandfleet.core.leases import (
 label_text = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=0, max_size=80)
 
 
-def make_lease(**overrides: object) -> Lease:
+def make_lease(**overrides: object) -> LeaseRecord:
     fields: dict[str, object] = {
         "id": "l-1",
         "pool": "python",
@@ -31,7 +34,7 @@ def make_lease(**overrides: object) -> Lease:
         "policy_version": 3,
     }
     fields.update(overrides)
-    return Lease(**fields)  # type: ignore[arg-type]
+    return LeaseRecord(**fields)  # type: ignore[arg-type]
 
 
 def test_ttl_defaults_and_bounds() -> None:
@@ -74,3 +77,17 @@ def test_unreadable_or_missing_lease_annotation_is_no_lease() -> None:
 
 def test_release_marks_the_pod_released() -> None:
     assert release_metadata() == {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
+
+
+def test_the_expiry_is_written_once_and_the_old_copy_cleared() -> None:
+    annotations = lease_metadata(make_lease())["annotations"]
+    assert json.loads(annotations[api.LEASE_ANNOTATION])["expires_at"] == 160.0
+    # A merge patch's null removes what an older gateway wrote, so no reader sees a stale expiry.
+    assert annotations[api.LEASE_EXPIRES_ANNOTATION] is None
+
+
+def test_one_expiry_rule() -> None:
+    assert not lease_expired(None, 1e12)
+    assert not lease_expired(160.0, 159.9)
+    assert lease_expired(160.0, 160.0)
+    assert make_lease().expired(160.0) == lease_expired(160.0, 160.0)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import PoolSpec, RegionSpec, Sandbox, Template
 from sandfleet.core.placement import RegionCapacity
 from sandfleet.core.planner import (
@@ -44,17 +45,29 @@ def pool(
     )
 
 
-def sandbox(region: str, *, state: str = api.LEASE_FREE, ready: bool = True, **kw: object) -> Sandbox:
+def sandbox(
+    region: str,
+    *,
+    state: str = api.LEASE_FREE,
+    ready: bool = True,
+    lease_expires_at: float | None = None,
+    **kw: object,
+) -> Sandbox:
+    name = f"sb-{next(_names)}"
     defaults: dict[str, object] = {
-        "name": f"sb-{next(_names)}",
+        "namespace": "ns",
+        "name": name,
+        "pool": "p",
         "region": region,
         "zone": f"{region}-a",
         "template_hash": TEMPLATE.hash,
-        "lease_state": state,
+        "state": state,
         "created_at": 0.0,
         "ready": ready,
         "node": f"node-{region}",
     }
+    if lease_expires_at is not None:  # the expiry is the lease record's
+        defaults["lease"] = LeaseRecord(f"ns.{name}", "p", "actor", 0.0, lease_expires_at, 60)
     defaults.update(kw)
     return Sandbox(**defaults)  # type: ignore[arg-type]
 

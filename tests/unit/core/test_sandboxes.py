@@ -1,15 +1,27 @@
-"""Reading sandboxes out of Pods, lease ids, and the order warm sandboxes are handed out in."""
+"""The one reading of a sandbox Pod, lease ids and keys, and the order warm sandboxes are handed out in."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sandfleet.core import api
-from sandfleet.core.sandboxes import Sandbox, pick_warm, sandbox_from_pod, split_lease_id
+from sandfleet.core.leases import LeaseRecord, lease_expired
+from sandfleet.core.model import (
+    PREWARM_LABEL,
+    Sandbox,
+    lease_id,
+    object_key,
+    parse_time,
+    split_lease_id,
+)
+from sandfleet.core.pods import sandbox_from_pod
+from sandfleet.core.warm_index import pick_warm
 
 
 def pod(**overrides: Any) -> dict[str, Any]:
@@ -94,3 +106,86 @@ def test_pick_warm_prefers_regions_then_age_and_skips_the_rest(
 
 def test_sandbox_is_hashable_plain_data() -> None:
     assert isinstance(base_sandbox, Sandbox)
+
+
+def test_a_pod_that_is_not_running_is_never_ready_whatever_its_last_condition() -> None:
+    for phase in ("Succeeded", "Failed", "Unknown", "Pending"):
+        stale = pod()
+        stale["status"] = {**stale["status"], "phase": phase}
+        sandbox = sandbox_from_pod(stale)
+        assert sandbox is not None
+        assert not sandbox.ready, phase
+        assert not sandbox.warm, phase
+
+
+def test_one_reading_serves_the_operator_and_the_gateway() -> None:
+    full = pod()
+    full["metadata"]["labels"].update(
+        {
+            api.MANAGED_BY_LABEL: api.MANAGED_BY,
+            api.TEMPLATE_HASH_LABEL: "abc",
+            api.IMAGE_KEY_LABEL: "img",
+            PREWARM_LABEL: "true",
+        }
+    )
+    full["spec"] = {**full["spec"], "nodeName": "n1", "nodeSelector": {api.ZONE_LABEL: "us-east1-b"}}
+    full["status"]["conditions"].append({"type": "ContainersReady", "status": "True"})
+    sandbox = sandbox_from_pod(full)
+    assert sandbox is not None
+    assert (sandbox.namespace, sandbox.pool, sandbox.key) == ("ns", "python", "ns.python-abc")
+    assert (sandbox.template_hash, sandbox.image_key, sandbox.zone, sandbox.node) == (
+        "abc",
+        "img",
+        "us-east1-b",
+        "n1",
+    )
+    assert (sandbox.managed, sandbox.prewarm, sandbox.started, sandbox.free) == (True, True, True, True)
+    assert sandbox.resource_version == "42"
+    unmanaged = sandbox_from_pod(pod())
+    assert unmanaged is not None
+    assert not unmanaged.managed
+
+
+def test_a_pod_without_a_lease_state_is_neither_free_nor_leased() -> None:
+    unlabelled = pod()
+    del unlabelled["metadata"]["labels"][api.LEASE_STATE_LABEL]
+    sandbox = sandbox_from_pod(unlabelled)
+    assert sandbox is not None
+    assert (sandbox.free, sandbox.leased, sandbox.warm) == (False, False, False)
+
+
+def test_the_lease_expiry_is_read_from_the_lease_record_old_pods_included() -> None:
+    lease = LeaseRecord("ns.python-abc", "python", "actor", 100.0, 160.0, 60)
+    leased = pod()
+    leased["metadata"]["labels"][api.LEASE_STATE_LABEL] = api.LEASE_LEASED
+    # A Pod leased by a version that also wrote the expiry on its own: the record still decides.
+    leased["metadata"]["annotations"] = {
+        api.LEASE_ANNOTATION: json.dumps(asdict(lease)),
+        api.LEASE_EXPIRES_ANNOTATION: "160.000",
+    }
+    sandbox = sandbox_from_pod(leased)
+    assert sandbox is not None
+    assert sandbox.lease == lease
+    assert sandbox.lease_expires_at == 160.0
+    assert not lease_expired(sandbox.lease_expires_at, 159.9)
+    assert lease_expired(sandbox.lease_expires_at, 160.0)
+    assert not lease_expired(sandbox_from_pod(pod()).lease_expires_at, 1e12)  # type: ignore[union-attr]
+
+
+def test_timestamps_parse_from_text_or_parsed() -> None:
+    text = "2026-11-29T12:00:00Z"
+    assert parse_time(text) == parse_time(datetime(2026, 11, 29, 12, tzinfo=UTC)) == 1795953600.0
+    assert parse_time(None) is None
+    assert parse_time("") is None
+
+
+@given(
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True), st.text(min_size=1, max_size=200)
+)
+def test_lease_ids_split_back_into_what_made_them(namespace: str, name: str) -> None:
+    assert split_lease_id(lease_id(namespace, name)) == (namespace, name)
+
+
+def test_object_keys_and_lease_ids_are_distinct_formats() -> None:
+    assert object_key("ns", "python") == "ns/python"
+    assert lease_id("ns", "python-abc") == "ns.python-abc"

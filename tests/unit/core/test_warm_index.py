@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
-from sandfleet.core.leases import Lease
-from sandfleet.core.sandboxes import Sandbox, pick_warm
-from sandfleet.core.warm_index import WarmIndex, WarmShelves
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.model import Sandbox
+from sandfleet.core.warm_index import WarmIndex, WarmShelves, pick_warm
 
 REGIONS = ["us-east1", "europe-west4", "asia-southeast1", ""]
 
@@ -164,7 +164,7 @@ def test_a_new_version_in_the_same_place_replaces_the_old() -> None:
 
 def test_lease_keys_follow_the_lease_on_each_sandbox() -> None:
     keys = LeaseKeys()
-    lease = Lease("ns.a", "python", "me", 0.0, 60.0, 60, idempotency_key="k")
+    lease = LeaseRecord("ns.a", "python", "me", 0.0, 60.0, 60, idempotency_key="k")
     leased = sandbox("a", state=api.LEASE_LEASED, lease=lease)
     keys.update(leased)
     keys.update(sandbox("b", state=api.LEASE_LEASED, lease=replace(lease, id="ns.b", holder="you")))

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandfleet.core.leases import Lease
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService, boot_overlap
@@ -93,7 +93,7 @@ async def test_the_gateway_reports_boot_in_timings_the_profile_and_metrics(tmp_p
 def test_runs_lay_queue_boot_and_claim_end_to_end() -> None:
     now = 1000.0
     runs = Runs(MemoryPolicyStore(), GatewayMetrics(), clock=lambda: now)
-    lease = Lease("l1", "python", "a", now, now + 60, 60, {"run": "r"})
+    lease = LeaseRecord("l1", "python", "a", now, now + 60, 60, {"run": "r"})
     runs.leased([lease], queue_seconds=0.5, claim_seconds=0.1, boot_seconds=2.0)
     spans = {s.phase: s for s in runs._spans["r"]}
     assert (spans["queue"].start, spans["queue"].end) == pytest.approx((997.4, 997.9))

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from sandfleet.core import api
-from sandfleet.core.leases import Lease
-from sandfleet.core.sandboxes import Sandbox
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.model import Sandbox
 from sandfleet.gateway.leasing import Granted, LeaseService, WaitTimeout
 from tests.unit.gateway.test_leasing import MemoryBackend, request
 
@@ -25,7 +25,7 @@ class SlowBackend(MemoryBackend):
         self.claim_seconds = claim_seconds
         self.rivals = rivals
 
-    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         await asyncio.sleep(self.claim_seconds)
         if sandbox.key in self.rivals:
             self.version += 1

@@ -11,10 +11,9 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
-from sandfleet.core.leases import Lease
-from sandfleet.core.model import image_key
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.model import Sandbox, image_key
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.core.sandboxes import Sandbox
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.gateway.leasing import Gone, LeaseRequest, LeaseService, QueueFull, WaitTimeout
@@ -82,7 +81,7 @@ class MemoryBackend:
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
         self.listeners.append(on_change)
 
-    async def _write(self, sandbox: Sandbox, state: str, lease: Lease | None) -> Sandbox | None:
+    async def _write(self, sandbox: Sandbox, state: str, lease: LeaseRecord | None) -> Sandbox | None:
         await asyncio.sleep(self.random.random() / 1000)
         current = self.items.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
@@ -98,10 +97,10 @@ class MemoryBackend:
         self.items[sandbox.key] = updated
         return updated
 
-    async def claim(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         return await self._write(sandbox, api.LEASE_LEASED, lease)
 
-    async def write_lease(self, sandbox: Sandbox, lease: Lease) -> Sandbox | None:
+    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         return await self._write(sandbox, api.LEASE_LEASED, lease)
 
     async def unclaim(self, sandbox: Sandbox) -> None:

@@ -13,7 +13,7 @@ from sandfleet.core.limits import SandboxLimits
 from sandfleet.core.model import image_key
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService
 from sandfleet.gateway.local import LocalBackend
-from sandfleet.local.runtime import Sandbox as LocalSandbox
+from sandfleet.local.runtime import RunscSandbox
 
 
 class FakeRuntime:
@@ -22,8 +22,8 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.ids = itertools.count()
         self.destroyed: list[str] = []
-        self.loss_listeners: list[Callable[[LocalSandbox], None]] = []
-        self.created: dict[str, LocalSandbox] = {}
+        self.loss_listeners: list[Callable[[RunscSandbox], None]] = []
+        self.created: dict[str, RunscSandbox] = {}
 
     async def start(self) -> None:
         pass
@@ -31,10 +31,10 @@ class FakeRuntime:
     async def close(self) -> None:
         pass
 
-    async def create(self, spec: Any = None) -> LocalSandbox:
+    async def create(self, spec: Any = None) -> RunscSandbox:
         await asyncio.sleep(0)
         n = next(self.ids)
-        sandbox = LocalSandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
+        sandbox = RunscSandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
         self.created[sandbox.id] = sandbox
         return sandbox
 
@@ -43,7 +43,7 @@ class FakeRuntime:
         for listener in self.loss_listeners:
             listener(self.created[name])
 
-    def release(self, sandbox: LocalSandbox) -> None:
+    def release(self, sandbox: RunscSandbox) -> None:
         self.destroyed.append(sandbox.id)
 
 

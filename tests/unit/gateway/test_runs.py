@@ -142,9 +142,9 @@ async def test_bad_spans_are_422_not_500(
 async def test_runs_track_idle_time_between_execs() -> None:
     clock = [100.0]
     runs = Runs(MemoryPolicyStore(), GatewayMetrics(), clock=lambda: clock[0])
-    from sandfleet.core.leases import Lease
+    from sandfleet.core.leases import LeaseRecord
 
-    runs.leased([Lease("l1", "python", "a", 100.0, 200.0, 100, {"run": "r"})], 0.5, 0.01)
+    runs.leased([LeaseRecord("l1", "python", "a", 100.0, 200.0, 100, {"run": "r"})], 0.5, 0.01)
     runs.exec_done("l1", 102.0, 1.0)  # 2 s of generation, then 1 s of exec
     runs.exec_done("l1", 106.0, 0.5)  # 3 s of generation
     runs.exec_done("l1", 107.0, 2.0, "score")  # the tests, through evaluate

@@ -9,7 +9,7 @@ from typing import Any
 
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.local.pool import WarmPool
-from sandfleet.local.runtime import Sandbox
+from sandfleet.local.runtime import RunscSandbox
 
 
 class FakeRuntime:
@@ -17,12 +17,12 @@ class FakeRuntime:
         self.ids = itertools.count()
         self.released: list[str] = []
 
-    async def create(self, spec: Any = None) -> Sandbox:
+    async def create(self, spec: Any = None) -> RunscSandbox:
         await asyncio.sleep(0)
         n = next(self.ids)
-        return Sandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
+        return RunscSandbox(f"sb{n}", n, "127.0.0.1", 9000 + n, Path("/nonexistent"), SandboxLimits())
 
-    def release(self, sandbox: Sandbox) -> None:
+    def release(self, sandbox: RunscSandbox) -> None:
         self.released.append(sandbox.id)
 
 
