@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+import sandfleet.cli.run_commands
 from sandfleet import plots
 from sandfleet.cli import app
 
@@ -116,3 +118,39 @@ def test_the_profile_command_refuses_a_plot_it_cannot_write_before_asking_the_ga
     assert result.exit_code == 1
     assert "use a .svg or .png file" in " ".join(result.output.split())  # rich wraps long lines
     assert "Traceback" not in result.output
+
+
+class _FakeFleet:
+    def __enter__(self) -> _FakeFleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def profile(self, run: str, window: float) -> dict[str, Any]:
+        phase = {"category": "sandbox", "count": 3, "total_seconds": 0.6, "p90_seconds": 0.3}
+        return {
+            "run": run,
+            "window_seconds": window,
+            "split": {"generation": 0.4, "sandbox": 0.6},
+            "learner_busy": None,
+            "phases": [{**phase, "phase": "exec", "p50_seconds": 0.2, "p99_seconds": 0.31}],
+            "verdict": {"bottleneck": "rollout-sandbox", "reason": "r", "lever": "raise the warm target"},
+        }
+
+
+@pytest.mark.parametrize("name", ["profile.svg", "profile.png"])
+def test_the_profile_command_writes_its_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setattr(sandfleet.cli.run_commands, "_fleet", lambda url, token: _FakeFleet())
+    plot = tmp_path / name
+    result = CliRunner().invoke(app, ["profile", "r1", "--plot", str(plot), "--json"])
+    assert result.exit_code == 0, result.output
+    if name.endswith(".png"):
+        assert plot.read_bytes().startswith(PNG_MAGIC)
+        return
+    texts = _texts(plot)
+    assert "sandfleet loop profile: run r1" in texts
+    assert "verdict: rollout-sandbox -> raise the warm target" in texts
+    assert "p50 0.200 s  p99 0.310 s" in texts
