@@ -43,7 +43,8 @@ LEASE_RELEASED: Final = "released"
 
 # Annotations on sandbox Pods.
 LEASE_ANNOTATION: Final = f"{GROUP}/lease"  # JSON, see sandfleet.core.leases.LeaseRecord (holds the expiry)
-# Unix seconds: written by versions before the expiry moved into LEASE_ANNOTATION alone; now only cleared.
+# Unix seconds: written by versions before the expiry moved into LEASE_ANNOTATION alone; now cleared on
+# every lease write, and read only on a Pod that has no lease record.
 LEASE_EXPIRES_ANNOTATION: Final = f"{GROUP}/lease-expires-at"
 
 SANDBOX_CONTAINER: Final = "sandbox"

@@ -197,6 +197,8 @@ class Sandbox:
     address: str | None = None
     port: int = api.DEFAULT_AGENT_PORT
     lease: LeaseRecord | None = None
+    # The expiry annotation older versions wrote beside the record; read only when there is no record.
+    expiry_annotation: float | None = None
     created_at: float = 0.0
     image_key: str = ""  # which image it runs (`image_key`), for leases by image
     zone: str | None = None
@@ -228,7 +230,7 @@ class Sandbox:
 
     @property
     def lease_expires_at(self) -> float | None:
-        return self.lease.expires_at if self.lease is not None else None
+        return self.lease.expires_at if self.lease is not None else self.expiry_annotation
 
     def agent_url(self) -> str | None:
         return f"http://{self.address}:{self.port}" if self.address else None

@@ -213,6 +213,7 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
         address=status.get("podIP"),
         port=_agent_port(spec),
         lease=lease_from_annotations(meta.get("annotations")),
+        expiry_annotation=_expiry_annotation(meta.get("annotations")),
         created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
         image_key=str(labels.get(api.IMAGE_KEY_LABEL, "")),
         zone=(spec.get("nodeSelector") or {}).get(api.ZONE_LABEL),
@@ -224,6 +225,15 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
         prewarm=labels.get(PREWARM_LABEL) == "true",
         managed=labels.get(api.MANAGED_BY_LABEL) == api.MANAGED_BY,
     )
+
+
+def _expiry_annotation(annotations: Mapping[str, str] | None) -> float | None:
+    """The old form of a lease's expiry (unix seconds), on Pods leased before it moved into the record."""
+    raw = (annotations or {}).get(api.LEASE_EXPIRES_ANNOTATION)
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _agent_port(spec: Mapping[str, Any]) -> int:

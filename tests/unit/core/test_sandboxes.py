@@ -189,3 +189,16 @@ def test_lease_ids_split_back_into_what_made_them(namespace: str, name: str) -> 
 def test_object_keys_and_lease_ids_are_distinct_formats() -> None:
     assert object_key("ns", "python") == "ns/python"
     assert lease_id("ns", "python-abc") == "ns.python-abc"
+
+
+def test_a_pod_with_only_the_old_expiry_annotation_still_expires() -> None:
+    old = pod()
+    old["metadata"]["labels"][api.LEASE_STATE_LABEL] = api.LEASE_LEASED
+    old["metadata"]["annotations"] = {api.LEASE_EXPIRES_ANNOTATION: "50.000"}
+    sandbox = sandbox_from_pod(old)
+    assert sandbox is not None
+    assert sandbox.lease is None
+    assert sandbox.lease_expires_at == 50.0
+    assert lease_expired(sandbox.lease_expires_at, 50.0)
+    old["metadata"]["annotations"] = {api.LEASE_EXPIRES_ANNOTATION: "soon"}
+    assert sandbox_from_pod(old).lease_expires_at is None  # type: ignore[union-attr]
