@@ -76,7 +76,7 @@ class InMemoryKube(KubeBackend):
         pod["metadata"]["annotations"].update(metadata.get("annotations") or {})
         pod["metadata"]["resourceVersion"] = str(self.version)
         self._on_pod("MODIFIED", pod)
-        return self._sandboxes.get(sandbox.key)
+        return self.index.get(sandbox.key)
 
     async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
         return await self._patch(sandbox, lease_metadata(lease))

@@ -52,6 +52,7 @@ def gateway(
     from sandfleet.core.agent_tokens import AgentKeyError
     from sandfleet.gateway.main import run
     from sandfleet.gateway.settings import GatewaySettings
+    from sandfleet.kube.errors import KubeConfigError
 
     given: dict[str, Any] = {
         "host": host,
@@ -74,3 +75,6 @@ def gateway(
         run(settings)
     except AgentKeyError as error:
         raise typer.BadParameter(str(error)) from None
+    except KubeConfigError as error:
+        typer.echo(f"sandfleet gateway: {error}", err=True)
+        raise typer.Exit(2) from None

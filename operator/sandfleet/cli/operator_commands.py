@@ -44,17 +44,22 @@ def operator(
 ) -> None:
     """Run the operator (kubeconfig or in-cluster config)."""
     from sandfleet.controller.main import OperatorConfigError, read_agent_key, run
+    from sandfleet.kube.errors import KubeConfigError
 
     try:
         key = read_agent_key(agent_key_file)
     except OperatorConfigError as error:
         typer.echo(f"sandfleet operator: {error}", err=True)
         raise typer.Exit(2) from None
-    run(
-        namespaces=namespace,
-        metrics_port=metrics_port,
-        lease_seconds=leader_lease_seconds,
-        liveness_endpoint=liveness,
-        agent_key=key,
-        runtime_classes=[c for value in runtime_class for c in value.split(",") if c],
-    )
+    try:
+        run(
+            namespaces=namespace,
+            metrics_port=metrics_port,
+            lease_seconds=leader_lease_seconds,
+            liveness_endpoint=liveness,
+            agent_key=key,
+            runtime_classes=[c for value in runtime_class for c in value.split(",") if c],
+        )
+    except KubeConfigError as error:
+        typer.echo(f"sandfleet operator: {error}", err=True)
+        raise typer.Exit(2) from None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import RegionSpec, Sandbox
-from sandfleet.core.warm_index import WarmIndex
+from sandfleet.core.warm_index import WarmIndex, WarmShelves
 
 
 @dataclass(frozen=True)
@@ -75,3 +76,83 @@ class Backend(Protocol):
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
         """Ask for `count` warm sandboxes of `image` for a while; the name of what was written."""
+
+
+class SandboxIndex(MutableMapping[str, Sandbox]):
+    """Every backend's index: sandboxes by lease id, by pool, on warm shelves and by idempotency key.
+
+    Storing (`index[key] = sandbox`) and deleting keep every view in step, silently, as a watch
+    would; `put` also tells the listeners, which is what wakes waiting acquires.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Sandbox] = {}
+        self._by_pool: dict[str, dict[str, Sandbox]] = {}  # so a lease scans its pool, not all
+        self.shelves = WarmShelves()  # so a lease touches only the sandboxes it takes
+        self.lease_keys = LeaseKeys()  # so a retried acquire does not scan every sandbox
+        self.listeners: list[Callable[[Sandbox], None]] = []
+
+    def __getitem__(self, key: str) -> Sandbox:
+        return self._by_key[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_key)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __setitem__(self, key: str, sandbox: Sandbox) -> None:
+        if key != sandbox.key:
+            raise KeyError(f"sandbox {sandbox.key!r} stored under {key!r}")
+        previous = self._by_key.get(key)
+        if previous is not None and previous.pool != sandbox.pool:
+            self._forget_in_pool(previous)
+        self._by_key[key] = sandbox
+        self._by_pool.setdefault(sandbox.pool, {})[key] = sandbox
+        self.shelves.update(sandbox)
+        self.lease_keys.update(sandbox)
+
+    def __delitem__(self, key: str) -> None:
+        sandbox = self._by_key.pop(key)
+        self._forget_in_pool(sandbox)
+        self.shelves.remove(sandbox)
+        self.lease_keys.remove(key)
+
+    def _forget_in_pool(self, sandbox: Sandbox) -> None:
+        members = self._by_pool.get(sandbox.pool)
+        if members is not None:
+            members.pop(sandbox.key, None)
+            if not members:
+                del self._by_pool[sandbox.pool]
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._by_pool.clear()
+        self.shelves.clear()
+        self.lease_keys.clear()
+
+    def put(self, sandbox: Sandbox) -> Sandbox:
+        """Store `sandbox` and tell the listeners."""
+        self[sandbox.key] = sandbox
+        self.notify(sandbox)
+        return sandbox
+
+    def notify(self, sandbox: Sandbox) -> None:
+        for listener in self.listeners:
+            listener(sandbox)
+
+    # -- the Backend's reads -------------------------------------------------------------------
+
+    def in_pool(self, pool: str | None = None) -> list[Sandbox]:
+        if pool is None:
+            return list(self._by_key.values())
+        return list(self._by_pool.get(pool, {}).values())
+
+    def warm(self, pool: str, image_key: str) -> WarmIndex:
+        return self.shelves.shelf(pool, image_key)
+
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+        return self.lease_keys.find(holder, idempotency_key)
+
+    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+        self.listeners.append(on_change)

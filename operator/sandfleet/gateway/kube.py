@@ -1,43 +1,35 @@
-"""The gateway's only contact with the Kubernetes API: watches that feed the index, conditional writes."""
+"""The gateway's Kubernetes side: informers that feed the index, conditional writes, reviews."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from sandfleet.core import api, model
-from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
 from sandfleet.core.model import Sandbox, image_key, split_lease_id
 from sandfleet.core.pods import sandbox_from_pod
-from sandfleet.core.warm_index import WarmIndex, WarmShelves
-from sandfleet.gateway.backend import PoolInfo
+from sandfleet.core.warm_index import WarmIndex
+from sandfleet.gateway.backend import PoolInfo, SandboxIndex
+from sandfleet.kube.client import APPLY_PATCH, MERGE_PATCH, KubeClient
+from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
+from sandfleet.kube.errors import KubeError
+from sandfleet.kube.informer import SYNC, Informer
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
-WATCH_SECONDS = 290  # under the apiserver's default --min-request-timeout jitter window
+# Every concurrent claim is a request; the default pool of 4 connections would queue them.
+POOL_SIZE = 64
 
 
-async def load_client_config() -> client.ApiClient:
-    """An API client from the in-cluster config, else from KUBECONFIG / ~/.kube/config."""
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        await config.load_kube_config()
-    configuration = client.Configuration.get_default_copy()
-    # Every concurrent claim is a request; the default pool of 4 connections would queue them.
-    configuration.connection_pool_maxsize = 64
-    return client.ApiClient(configuration)
+async def connect(configuration: Configuration | None = None) -> ApiClient:
+    """An API client on `configuration`, else on the kubeconfig or in-cluster identity (KubeConfigError)."""
+    return api_client(configuration or await load_configuration(), POOL_SIZE)
 
 
 def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
@@ -59,24 +51,28 @@ class KubeBackend:
     def __init__(
         self,
         namespace: str,
-        connect: Callable[[], Awaitable[client.ApiClient]] = load_client_config,
+        connect: Callable[[], Awaitable[ApiClient]] = connect,
         token_audiences: list[str] | None = None,
     ) -> None:
         self.namespace = namespace
         # A token minted for the gateway's own audience is useless against the apiserver itself.
         self.token_audiences = token_audiences or None
         self._connect = connect
-        self._sandboxes: dict[str, Sandbox] = {}
-        self._by_pool: dict[str, dict[str, Sandbox]] = {}  # so a lease scans its pool, not all
-        self._warm = WarmShelves()  # so a lease touches only the sandboxes it takes
-        self._lease_keys = LeaseKeys()  # so a retried acquire does not scan every sandbox
+        self.index = SandboxIndex()
         self._pools: dict[str, PoolInfo] = {}
-        self._listeners: list[Callable[[Sandbox], None]] = []
+        # What a (re)list has shown so far: swapped in whole when it ends, so readers never see half.
+        self._listed_pods: dict[str, Sandbox] | None = None
+        self._listed_pools: dict[str, PoolInfo] | None = None
+        self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
         self._pods_synced = asyncio.Event()
         self._pools_synced = asyncio.Event()
-        self.connected = True
+
+    @property
+    def connected(self) -> bool:
+        """Whether every watch is up (a broken one keeps serving what it knew)."""
+        return all(informer.connected for informer in self._informers)
 
     # -- Backend: reads come from the watch-fed index, never from a list on the hot path --------
 
@@ -87,21 +83,19 @@ class KubeBackend:
         return sorted(self._pools.values(), key=lambda p: p.name)
 
     def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
-        if pool is None:
-            return list(self._sandboxes.values())
-        return list(self._by_pool.get(pool, {}).values())
+        return self.index.in_pool(pool)
 
     def sandbox(self, lease_id: str) -> Sandbox | None:
-        return self._sandboxes.get(lease_id)
+        return self.index.get(lease_id)
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self._warm.shelf(pool, image_key)
+        return self.index.warm(pool, image_key)
 
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
-        return self._lease_keys.find(holder, idempotency_key)
+        return self.index.leased_with_key(holder, idempotency_key)
 
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
-        self._listeners.append(on_change)
+        self.index.subscribe(on_change)
 
     # -- Backend: conditional writes -----------------------------------------------------------
 
@@ -114,12 +108,12 @@ class KubeBackend:
     async def unclaim(self, sandbox: Sandbox) -> None:
         # Conditional on the claim's own version: if anybody wrote since (a retry of the same
         # request adopted the lease through another replica), the lease is theirs and stays.
-        with contextlib.suppress(ApiException):
+        with contextlib.suppress(KubeError):
             await self._patch(sandbox, unclaim_metadata())
 
     async def release(self, sandbox: Sandbox) -> None:
         # Unconditional: releasing twice, or after a renewal elsewhere, must still release.
-        with contextlib.suppress(ApiException):
+        with contextlib.suppress(KubeError):
             await self._patch(sandbox, release_metadata(), conditional=False)
 
     async def fresh(self, lease_id: str) -> Sandbox | None:
@@ -127,12 +121,12 @@ class KubeBackend:
         if parts is None or parts[0] != self.namespace:
             return None
         try:
-            response = await self.core.read_namespaced_pod(parts[1], parts[0], _preload_content=False)
-        except ApiException as error:
+            pod = await self.kube.json("GET", f"/api/v1/namespaces/{parts[0]}/pods/{parts[1]}")
+        except KubeError as error:
             if error.status == 404:
                 return None
             raise
-        found = sandbox_from_pod(json.loads(await response.read()))
+        found = sandbox_from_pod(pod)
         if found is not None:
             self._upsert(found)
         return found
@@ -144,19 +138,14 @@ class KubeBackend:
         if conditional:
             # The precondition that makes a claim atomic: a stale resourceVersion is a 409.
             body["metadata"]["resourceVersion"] = sandbox.resource_version
+        path = f"/api/v1/namespaces/{sandbox.namespace}/pods/{sandbox.name}"
         try:
-            response = await self.core.patch_namespaced_pod(
-                sandbox.name,
-                sandbox.namespace,
-                body,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
-        except ApiException as error:
+            pod = await self.kube.json("PATCH", path, body=body, content_type=MERGE_PATCH)
+        except KubeError as error:
             if error.status in (404, 409):
                 return None
             raise
-        updated = sandbox_from_pod(json.loads(await response.read()))
+        updated = sandbox_from_pod(pod)
         if updated is not None:
             self._upsert(updated)
         return updated
@@ -181,16 +170,13 @@ class KubeBackend:
                 "expiresAt": expires,
             },
         }
-        await self.custom.patch_namespaced_custom_object(
-            api.GROUP,
-            api.VERSION,
-            self.namespace,
-            api.PREWARM_PLURAL,
-            name,
-            body,
-            field_manager="sandfleet-gateway",
-            force=True,
-            _content_type="application/apply-patch+yaml",
+        path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{self.namespace}/{api.PREWARM_PLURAL}/{name}"
+        await self.kube.send(
+            "PATCH",
+            path,
+            query={"fieldManager": "sandfleet-gateway", "force": True},
+            body=body,
+            content_type=APPLY_PATCH,
         )
         return name
 
@@ -198,45 +184,54 @@ class KubeBackend:
 
     async def review_token(self, token: str) -> tuple[str, list[str]] | None:
         """The user a bearer token belongs to, by TokenReview; None if the apiserver rejects it."""
-        review = client.V1TokenReview(
-            spec=client.V1TokenReviewSpec(token=token, audiences=self.token_audiences)
-        )
-        result = await client.AuthenticationV1Api(self.api_client).create_token_review(review)
-        if not result.status or not result.status.authenticated:
+        spec: dict[str, Any] = {"token": token}
+        if self.token_audiences:
+            spec["audiences"] = self.token_audiences
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        result = await self.kube.json("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=review)
+        status = result.get("status") or {}
+        if not status.get("authenticated"):
             return None
-        return result.status.user.username, list(result.status.user.groups or [])
+        user = status.get("user") or {}
+        return str(user.get("username") or ""), list(user.get("groups") or [])
 
     async def may_use_pool(self, user: str, groups: list[str], pool: str) -> bool:
         """Whether RBAC lets `user` use `pool` (verb "use" on sandboxpools), by SubjectAccessReview."""
-        review = client.V1SubjectAccessReview(
-            spec=client.V1SubjectAccessReviewSpec(
-                user=user,
-                groups=groups,
-                resource_attributes=client.V1ResourceAttributes(
-                    group=api.GROUP,
-                    resource=api.POOL_PLURAL,
-                    verb="use",
-                    name=pool,
-                    namespace=self.namespace,
-                ),
-            )
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": user,
+                "groups": groups,
+                "resourceAttributes": {
+                    "group": api.GROUP,
+                    "resource": api.POOL_PLURAL,
+                    "verb": "use",
+                    "name": pool,
+                    "namespace": self.namespace,
+                },
+            },
+        }
+        result = await self.kube.json(
+            "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review
         )
-        result = await client.AuthorizationV1Api(self.api_client).create_subject_access_review(review)
-        return bool(result.status and result.status.allowed)
+        return bool((result.get("status") or {}).get("allowed"))
 
     # -- the watches ---------------------------------------------------------------------------
 
     async def start(self, sync_timeout: float = 60.0) -> None:
         """Connect, list and start watching; returns once the index holds every sandbox."""
-        self.api_client = await self._connect()
-        # Typed as Any: we call with _preload_content=False / _content_type, which the stubs omit.
-        self.core: Any = client.CoreV1Api(self.api_client)
-        self.custom: Any = client.CustomObjectsApi(self.api_client)
-        self._tasks = [
-            asyncio.create_task(self._watch_forever("pods", self._list_pods, self._on_pod)),
-            asyncio.create_task(self._watch_forever("pools", self._list_pools, self._on_pool)),
-            asyncio.create_task(self._mark_synced()),
+        self.kube = KubeClient(await self._connect())
+        pods = f"/api/v1/namespaces/{self.namespace}/pods"
+        pools = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{self.namespace}/{api.POOL_PLURAL}"
+        self._informers = [
+            Informer(
+                self.kube, pods, self._on_pod, self._pods_listed, query={"labelSelector": api.POOL_LABEL}
+            ),
+            Informer(self.kube, pools, self._on_pool, self._pools_listed, resource=api.POOL_PLURAL),
         ]
+        self._tasks = [asyncio.create_task(informer.run()) for informer in self._informers]
+        self._tasks.append(asyncio.create_task(self._mark_synced()))
         await asyncio.wait_for(self.synced.wait(), timeout=sync_timeout)
 
     async def stop(self) -> None:
@@ -245,121 +240,56 @@ class KubeBackend:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.api_client.close()
+        await self.kube.close()
 
     async def _mark_synced(self) -> None:
         await self._pods_synced.wait()
         await self._pools_synced.wait()
         self.synced.set()
 
-    async def _list_pods(self, **kwargs: Any) -> Any:
-        return await self.core.list_namespaced_pod(
-            self.namespace, label_selector=api.POOL_LABEL, _preload_content=False, **kwargs
-        )
-
-    async def _list_pools(self, **kwargs: Any) -> Any:
-        return await self.custom.list_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.namespace, api.POOL_PLURAL, _preload_content=False, **kwargs
-        )
-
-    async def _watch_forever(
-        self,
-        what: str,
-        lister: Callable[..., Any],
-        handle: Callable[[str, dict[str, Any]], None],
-    ) -> None:
-        """List once, then watch from that resourceVersion; relist on 410 Gone or any break."""
-        backoff = 0.2
-        while True:
-            try:
-                listed = json.loads(await (await lister()).read())
-                self._replace_all(what, listed.get("items") or [], handle)
-                version = listed["metadata"]["resourceVersion"]
-                self.connected = True
-                backoff = 0.2
-                while True:
-                    version = await self._watch_once(lister, version, handle)
-            except asyncio.CancelledError:
-                raise
-            except _Gone:
-                continue
-            except Exception as error:  # the apiserver went away: keep serving what we know
-                self.connected = False
-                log.warning("watching %s failed (%s); retrying in %.1fs", what, error, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-    async def _watch_once(
-        self, lister: Callable[..., Any], version: str, handle: Callable[[str, dict[str, Any]], None]
-    ) -> str:
-        response = await lister(
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_SECONDS,
-        )
-        async with response:
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone
-                    raise RuntimeError(obj.get("message", "watch error"))
-                version = obj.get("metadata", {}).get("resourceVersion", version)
-                if event.get("type") != "BOOKMARK":
-                    handle(event["type"], obj)
-        return version
-
-    def _replace_all(
-        self, what: str, items: list[dict[str, Any]], handle: Callable[[str, dict[str, Any]], None]
-    ) -> None:
-        if what == "pods":
-            self._sandboxes.clear()
-            self._by_pool.clear()
-            self._warm.clear()
-            self._lease_keys.clear()
-        else:
-            self._pools.clear()
-        for item in items:
-            handle("ADDED", item)
-        (self._pods_synced if what == "pods" else self._pools_synced).set()
-
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind == SYNC:
+            self._listed_pods = {}
+            return
         sandbox = sandbox_from_pod(pod)
         if sandbox is None:
             return
-        if kind == "DELETED":
-            self._sandboxes.pop(sandbox.key, None)
-            self._by_pool.get(sandbox.pool, {}).pop(sandbox.key, None)
-            self._warm.remove(sandbox)
-            self._lease_keys.remove(sandbox.key)
-            return
-        self._upsert(sandbox)
+        if self._listed_pods is not None:
+            self._listed_pods[sandbox.key] = sandbox
+        elif kind == "DELETED":
+            self.index.pop(sandbox.key, None)
+        else:
+            self._upsert(sandbox)
+
+    def _pods_listed(self) -> None:
+        listed, self._listed_pods = self._listed_pods or {}, None
+        self.index.clear()
+        for sandbox in listed.values():
+            self._upsert(sandbox)
+        self._pods_synced.set()
 
     def _upsert(self, sandbox: Sandbox) -> None:
-        known = self._sandboxes.get(sandbox.key)
+        known = self.index.get(sandbox.key)
         if known is not None and _newer(known.resource_version, sandbox.resource_version):
             return  # a late watch event must not roll back what a write already told us
-        self._sandboxes[sandbox.key] = sandbox
-        self._by_pool.setdefault(sandbox.pool, {})[sandbox.key] = sandbox
-        self._warm.update(sandbox)
-        self._lease_keys.update(sandbox)
-        for listener in self._listeners:
-            listener(sandbox)
+        self.index.put(sandbox)
 
     def _on_pool(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == SYNC:
+            self._listed_pools = {}
+            return
         name = obj["metadata"]["name"]
-        if kind == "DELETED":
+        if self._listed_pools is not None:
+            self._listed_pools[name] = pool_from_object(obj)
+        elif kind == "DELETED":
             self._pools.pop(name, None)
         else:
             self._pools[name] = pool_from_object(obj)
 
-
-class _Gone(Exception):
-    """The watch's resourceVersion is too old: relist."""
+    def _pools_listed(self) -> None:
+        listed, self._listed_pools = self._listed_pools or {}, None
+        self._pools = listed
+        self._pools_synced.set()
 
 
 def _newer(known: str, incoming: str) -> bool:

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from sandfleet.core import api
 from sandfleet.core.policy import PolicyError, RunPolicy
+from sandfleet.kube.client import KubeClient
+from sandfleet.kube.errors import KubeError
 
 POLICY_KEY = "policy.json"
 RUN_ANNOTATION = f"{api.GROUP}/run"
@@ -28,10 +28,10 @@ class ConfigMapPolicyStore:
     """A PolicyStore over ConfigMaps in the gateway's namespace; writes are conditional."""
 
     def __init__(
-        self, namespace: str, core: Callable[[], Any], clock: Callable[[], float] = time.monotonic
+        self, namespace: str, kube: Callable[[], KubeClient], clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.namespace = namespace
-        self._core = core  # the backend's CoreV1Api, which exists once the backend has started
+        self._kube = kube  # the backend's client, which exists once the backend has started
         self.clock = clock
         # run -> (read at, policy, resourceVersion, owner)
         self._cache: dict[str, tuple[float, RunPolicy | None, str | None, str | None]] = {}
@@ -51,16 +51,19 @@ class ConfigMapPolicyStore:
 
     async def _read(self, run: str) -> tuple[RunPolicy | None, str | None]:
         try:
-            cm = await self._core().read_namespaced_config_map(configmap_name(run), self.namespace)
-        except ApiException as error:
+            cm = await self._kube().json("GET", self._path(configmap_name(run)))
+        except KubeError as error:
             if error.status != 404:
                 raise
             self._cache[run] = (self.clock(), None, None, None)
             return None, None
-        raw = (cm.data or {}).get(POLICY_KEY)
+        raw = (cm.get("data") or {}).get(POLICY_KEY)
         policy = RunPolicy.from_json(raw) if raw else None
-        version = cm.metadata.resource_version
-        owner = (cm.metadata.annotations or {}).get(OWNER_ANNOTATION) or (policy.owner if policy else None)
+        metadata = cm.get("metadata") or {}
+        version = metadata.get("resourceVersion")
+        owner = (metadata.get("annotations") or {}).get(OWNER_ANNOTATION) or (
+            policy.owner if policy else None
+        )
         self._cache[run] = (self.clock(), policy, version, owner or None)
         return policy, version
 
@@ -72,7 +75,7 @@ class ConfigMapPolicyStore:
             return current
         try:  # a run stored before runs had owners keeps its policy
             await self._write(run, owner, policy, resource_version)
-        except ApiException as error:
+        except KubeError as error:
             if error.status != 409:
                 raise
             await self._read(run)  # another replica created (or claimed) it first
@@ -91,7 +94,7 @@ class ConfigMapPolicyStore:
         owner = self._cache[policy.run][3] or policy.owner
         try:
             await self._write(policy.run, owner, policy, resource_version)
-        except ApiException as error:
+        except KubeError as error:
             if error.status == 409:
                 raise PolicyError(
                     f"run {policy.run!r}'s policy was changed by another gateway at the same moment; retry"
@@ -118,7 +121,11 @@ class ConfigMapPolicyStore:
             "data": {POLICY_KEY: policy.to_json()} if policy is not None else {},
         }
         if resource_version is None:
-            await self._core().create_namespaced_config_map(self.namespace, body)
+            await self._kube().send("POST", self._path(), body=body)
         else:
             metadata["resourceVersion"] = resource_version
-            await self._core().replace_namespaced_config_map(configmap_name(run), self.namespace, body)
+            await self._kube().send("PUT", self._path(configmap_name(run)), body=body)
+
+    def _path(self, name: str = "") -> str:
+        collection = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        return f"{collection}/{name}" if name else collection

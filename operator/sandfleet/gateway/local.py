@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from sandfleet.core import api
-from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseError, LeaseRecord
 from sandfleet.core.model import LeaseSpec, Sandbox, image_key
-from sandfleet.core.warm_index import WarmIndex, WarmShelves
-from sandfleet.gateway.backend import PoolInfo
+from sandfleet.core.warm_index import WarmIndex
+from sandfleet.gateway.backend import PoolInfo, SandboxIndex
 from sandfleet.local.pool import WarmPool
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 
@@ -60,12 +59,9 @@ class LocalBackend:
         self.base_warm = warm
         self.clock = clock
         self.warm_pool = WarmPool(runtime, warm, on_ready=self._on_ready, on_retire=self._on_retired)
-        self._sandboxes: dict[str, Sandbox] = {}
+        self.index = SandboxIndex()
         self._local: dict[str, RunscSandbox] = {}
         self._ended: OrderedDict[str, Sandbox] = OrderedDict()
-        self._listeners: list[Callable[[Sandbox], None]] = []
-        self._warm = WarmShelves()
-        self._lease_keys = LeaseKeys()
         self._versions = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
         self._prefetch_reset: asyncio.TimerHandle | None = None
@@ -98,21 +94,19 @@ class LocalBackend:
         return [self.info]
 
     def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
-        if pool not in (None, self.info.name):
-            return []
-        return list(self._sandboxes.values())
+        return self.index.in_pool(pool)
 
     def sandbox(self, lease_id: str) -> Sandbox | None:
-        return self._sandboxes.get(lease_id) or self._ended.get(lease_id)
+        return self.index.get(lease_id) or self._ended.get(lease_id)
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self._warm.shelf(pool, image_key)
+        return self.index.warm(pool, image_key)
 
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
-        return self._lease_keys.find(holder, idempotency_key)
+        return self.index.leased_with_key(holder, idempotency_key)
 
     def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
-        self._listeners.append(on_change)
+        self.index.subscribe(on_change)
 
     async def fresh(self, lease_id: str) -> Sandbox | None:
         return self.sandbox(lease_id)
@@ -120,7 +114,7 @@ class LocalBackend:
     # -- Backend: writes -----------------------------------------------------------------------
 
     async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
-        current = self._sandboxes.get(sandbox.key)
+        current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
         if not self.warm_pool.take(self._local[sandbox.key]):
@@ -128,13 +122,13 @@ class LocalBackend:
         return self._store(replace(current, state=api.LEASE_LEASED, lease=lease))
 
     async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
-        current = self._sandboxes.get(sandbox.key)
+        current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
         return self._store(replace(current, lease=lease))
 
     async def unclaim(self, sandbox: Sandbox) -> None:
-        current = self._sandboxes.get(sandbox.key)
+        current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return  # written since (a retry adopted it): the lease stays
         self.warm_pool.put_back(self._local[sandbox.key])
@@ -145,12 +139,10 @@ class LocalBackend:
 
     def _end(self, key: str, state: str) -> None:
         """Forget a sandbox (remembering how its lease ended) and destroy it in the background."""
-        current = self._sandboxes.pop(key, None)
+        current = self.index.pop(key, None)
         local = self._local.pop(key, None)
         if current is None or local is None:
             return
-        self._warm.remove(current)
-        self._lease_keys.remove(key)
         ended = replace(current, state=state, resource_version=str(next(self._versions)))
         self._ended[key] = ended
         while len(self._ended) > ENDED_MEMORY:
@@ -199,7 +191,7 @@ class LocalBackend:
     def _on_lost(self, local: RunscSandbox) -> None:
         """A sandbox died: a warm one is replaced; a leased one loses its address (calls: sandbox_lost)."""
         key = f"{NAMESPACE}.{local.id}"
-        current = self._sandboxes.get(key)
+        current = self.index.get(key)
         if current is None:
             return
         if current.state == api.LEASE_FREE:
@@ -212,27 +204,18 @@ class LocalBackend:
     def _on_retired(self, local: RunscSandbox) -> None:
         """The warm pool shrank and destroyed this ready sandbox: it is neither warm nor leasable."""
         key = f"{NAMESPACE}.{local.id}"
-        current = self._sandboxes.pop(key, None)
+        self.index.pop(key, None)
         self._local.pop(key, None)
-        if current is not None:
-            self._warm.remove(current)
-            self._lease_keys.remove(key)
 
     def _store(self, sandbox: Sandbox) -> Sandbox:
-        stored = replace(sandbox, resource_version=str(next(self._versions)))
-        self._sandboxes[stored.key] = stored
-        self._warm.update(stored)
-        self._lease_keys.update(stored)
-        for listener in self._listeners:
-            listener(stored)
-        return stored
+        return self.index.put(replace(sandbox, resource_version=str(next(self._versions))))
 
     async def _reap_forever(self) -> None:
         """Destroy sandboxes whose lease expired: an expired lease's sandbox is never handed out."""
         while True:
             await asyncio.sleep(1.0)
             now = self.clock()
-            for sandbox in list(self._sandboxes.values()):
+            for sandbox in list(self.index.values()):
                 if sandbox.lease is not None and sandbox.lease.expired(now):
                     log.info("lease %s expired; destroying its sandbox", sandbox.key)
                     self._end(sandbox.key, sandbox.state)  # stays "leased": callers hear "expired"

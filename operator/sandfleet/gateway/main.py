@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 import uvicorn
 from fastapi import FastAPI
 
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
-from sandfleet.gateway.kube import KubeBackend
+from sandfleet.gateway.kube import KubeBackend, connect
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
 from sandfleet.gateway.serving import guarded_protocol
 from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, GatewaySettings, TenantSettings
+from sandfleet.kube.config import ApiClient, Configuration, load_configuration
 
 
-def kube_app(settings: GatewaySettings) -> FastAPI:
+def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClient]] = connect) -> FastAPI:
     """A gateway app serving the pools of one namespace from the Kubernetes API."""
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_key = load_agent_key(settings)
-    backend = KubeBackend(settings.namespace, token_audiences=settings.token_audiences)
+    backend = KubeBackend(settings.namespace, connect=connect, token_audiences=settings.token_audiences)
     reviews = settings.auth == "kubernetes"
     tenancy = TenantSettings()
     authenticator = Authenticator(
@@ -38,7 +42,7 @@ def kube_app(settings: GatewaySettings) -> FastAPI:
         stop=backend.stop,
         agent_key=agent_key,
         max_waiting=settings.max_waiting,
-        policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.core),
+        policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.kube),
         capacity=CapacitySettings(),
         tenancy=tenancy,
     )
@@ -64,8 +68,16 @@ def load_agent_key(settings: GatewaySettings) -> bytes | None:
 
 
 def run(settings: GatewaySettings) -> None:
+    """Serve until stopped; without credentials, KubeConfigError (one line) before anything starts."""
+    configuration: Configuration | None = None
+
+    async def connect_loaded() -> ApiClient:
+        return await connect(configuration)  # the one loaded below, before uvicorn starts
+
+    app = kube_app(settings, connect=connect_loaded)  # the agent key's errors first, as ever
+    configuration = asyncio.run(load_configuration())
     uvicorn.run(
-        kube_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level="warning",

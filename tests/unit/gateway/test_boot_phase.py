@@ -16,7 +16,7 @@ from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService, boot_overlap
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.runs import MemoryPolicyStore, Runs
-from tests.unit.gateway.test_leasing import MemoryBackend
+from tests.support.backends import MemoryBackend
 
 
 def add_booted(backend: MemoryBackend, name: str, created_at: float) -> None:

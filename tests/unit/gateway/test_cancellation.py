@@ -12,7 +12,7 @@ from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import Sandbox
 from sandfleet.gateway.leasing import Granted, LeaseService, WaitTimeout
-from tests.unit.gateway.test_leasing import MemoryBackend, request
+from tests.support.backends import MemoryBackend, request
 
 
 class SlowBackend(MemoryBackend):

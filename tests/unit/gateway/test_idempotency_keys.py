@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sandfleet.core.lease_keys import key_owner
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService
-from tests.unit.gateway.test_leasing import MemoryBackend
+from tests.support.backends import MemoryBackend
 
 names = st.text(alphabet="ab/:-", min_size=0, max_size=6)
 

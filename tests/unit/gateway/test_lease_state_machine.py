@@ -22,7 +22,7 @@ from sandfleet.gateway.leasing import (
     QueueFull,
     WaitTimeout,
 )
-from tests.unit.gateway.test_leasing import MemoryBackend
+from tests.support.backends import MemoryBackend
 
 HOLDERS = ("actor-a", "actor-b")
 RUNS = ("run-1", "run-2")

@@ -3,127 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from sandfleet.core import api
-from sandfleet.core.lease_keys import LeaseKeys
-from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import Sandbox, image_key
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.core.warm_index import WarmIndex, WarmShelves
-from sandfleet.gateway.backend import PoolInfo
-from sandfleet.gateway.leasing import Gone, LeaseRequest, LeaseService, QueueFull, WaitTimeout
-
-POOL = PoolInfo("ns", "python", 60, 600, ("us-east1", "europe-west4"), "img")
-
-
-class _Items(dict[str, Sandbox]):
-    """The store's sandboxes; every write and delete also updates the warm index (as a watch would)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.shelves = WarmShelves()
-        self.lease_keys = LeaseKeys()
-
-    def __setitem__(self, key: str, sandbox: Sandbox) -> None:
-        super().__setitem__(key, sandbox)
-        self.shelves.update(sandbox)
-        self.lease_keys.update(sandbox)
-
-    def __delitem__(self, key: str) -> None:
-        self.shelves.remove(self[key])
-        self.lease_keys.remove(key)
-        super().__delitem__(key)
-
-
-class MemoryBackend:
-    """Conditional writes on resource versions, like the apiserver; `steal` simulates rivals."""
-
-    def __init__(self, steal_probability: float = 0.0, seed: int = 0) -> None:
-        self.items = _Items()
-        self.listeners: list[Callable[[Sandbox], None]] = []
-        self.version = 0
-        self.random = random.Random(seed)
-        self.steal_probability = steal_probability
-        self.stolen: set[str] = set()
-        self.unclaimed: list[str] = []
-
-    def add(self, name: str, region: str = "us-east1", image: str = "img") -> None:
-        self.version += 1
-        sandbox = Sandbox("ns", name, "python", region, str(self.version), api.LEASE_FREE,
-                          True, False, "127.0.0.1", 1, None, image_key=image_key(image))  # fmt: skip
-        self.items[sandbox.key] = sandbox
-        for listener in self.listeners:
-            listener(sandbox)
-
-    def pool(self, name: str) -> PoolInfo | None:
-        return POOL if name == "python" else None
-
-    def pools(self) -> list[PoolInfo]:
-        return [POOL]
-
-    def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
-        return list(self.items.values())
-
-    def sandbox(self, lease_id: str) -> Sandbox | None:
-        return self.items.get(lease_id)
-
-    def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self.items.shelves.shelf(pool, image_key)
-
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
-        return self.items.lease_keys.find(holder, idempotency_key)
-
-    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
-        self.listeners.append(on_change)
-
-    async def _write(self, sandbox: Sandbox, state: str, lease: LeaseRecord | None) -> Sandbox | None:
-        await asyncio.sleep(self.random.random() / 1000)
-        current = self.items.get(sandbox.key)
-        if current is None or current.resource_version != sandbox.resource_version:
-            return None
-        if state == api.LEASE_LEASED and self.random.random() < self.steal_probability:
-            self.version += 1  # a rival gateway got there first
-            self.items[sandbox.key] = replace(current, state=api.LEASE_LEASED,
-                                              resource_version=str(self.version))  # fmt: skip
-            self.stolen.add(sandbox.key)
-            return None
-        self.version += 1
-        updated = replace(current, state=state, lease=lease, resource_version=str(self.version))
-        self.items[sandbox.key] = updated
-        return updated
-
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
-        return await self._write(sandbox, api.LEASE_LEASED, lease)
-
-    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
-        return await self._write(sandbox, api.LEASE_LEASED, lease)
-
-    async def unclaim(self, sandbox: Sandbox) -> None:
-        self.unclaimed.append(sandbox.key)
-        if await self._write(sandbox, api.LEASE_FREE, None) is not None:
-            for listener in self.listeners:
-                listener(self.items[sandbox.key])
-
-    async def release(self, sandbox: Sandbox) -> None:
-        current = self.items[sandbox.key]
-        await self._write(current, api.LEASE_RELEASED, current.lease)
-
-    async def fresh(self, lease_id: str) -> Sandbox | None:
-        return self.items.get(lease_id)
-
-    async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
-        raise AssertionError("not used by the lease service")
-
-
-def request(**overrides: object) -> LeaseRequest:
-    fields: dict[str, object] = {"pool": "python", "holder": "actor", "wait_seconds": 2.0}
-    fields.update(overrides)
-    return LeaseRequest(**fields)  # type: ignore[arg-type]
+from sandfleet.gateway.leasing import Gone, LeaseService, QueueFull, WaitTimeout
+from tests.support.backends import POOL, MemoryBackend, request
 
 
 async def test_racing_claims_never_lease_a_sandbox_twice() -> None:

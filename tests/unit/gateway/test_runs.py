@@ -14,7 +14,7 @@ from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.runs import MemoryPolicyStore, Runs
-from tests.unit.gateway.test_leasing import MemoryBackend
+from tests.support.backends import MemoryBackend
 
 
 async def noop() -> None:

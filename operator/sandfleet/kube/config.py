@@ -1,0 +1,50 @@
+"""One client configuration: the kubeconfig (KUBECONFIG or ~/.kube/config), else the in-cluster identity."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from kubernetes_asyncio import config
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from sandfleet.kube.errors import KubeConfigError
+
+__all__ = ["ApiClient", "Configuration", "api_client", "kubeconfig_paths", "load_configuration"]
+
+DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+def kubeconfig_paths(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The kubeconfig files that exist, in KUBECONFIG's order (a path list), else the default one."""
+    listed = environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
+    paths = [os.path.expanduser(p) for p in listed.split(os.pathsep) if p]
+    return [p for p in paths if os.path.isfile(p)]
+
+
+async def load_configuration() -> Configuration:
+    """The API client configuration; KubeConfigError (one line) when there is none to be had."""
+    configuration = Configuration()
+    paths = kubeconfig_paths()
+    if paths:
+        try:
+            await config.load_kube_config(
+                config_file=os.pathsep.join(paths), client_configuration=configuration
+            )
+        except (config.ConfigException, OSError, ValueError) as error:
+            raise KubeConfigError(f"cannot use the kubeconfig {os.pathsep.join(paths)}: {error}") from None
+        return configuration
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException as error:
+        raise KubeConfigError(
+            "no Kubernetes credentials: no kubeconfig (set KUBECONFIG or write ~/.kube/config) and no "
+            f"in-cluster identity ({error})"
+        ) from None
+    return configuration
+
+
+def api_client(configuration: Configuration, pool_size: int) -> ApiClient:
+    """An ApiClient over `configuration` with `pool_size` connections (callers issue many at once)."""
+    configuration.connection_pool_maxsize = pool_size
+    return ApiClient(configuration)

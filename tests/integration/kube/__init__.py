@@ -1,0 +1,1 @@
+"""Tests of sandfleet.kube against the real local apiserver."""
