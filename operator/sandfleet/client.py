@@ -4,22 +4,26 @@
         async with fleet.lease(pool="python", labels={"run": "r1"}) as sb:
             result = await sb.exec(["python", "-c", "print(6 * 7)"])
 
-Both clients build the same calls (`_Call`) and differ only in how they send them.
+The blocking client (`Fleet`, `Sandbox`) is the async one run on a private event-loop thread:
+every call is written once, in `AsyncFleet` and `AsyncSandbox`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import time
+import threading
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+import weakref
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -322,19 +326,21 @@ class AsyncFleet:
         await self.http.aclose()
 
     async def call(self, call: _Call) -> httpx.Response:
-        attempt = 0
-        while True:
-            try:
-                response = await self.http.request(
-                    call.method, call.path, json=call.json, params=call.params, content=call.content
-                )
-                _raise_for(response)
-                return response
-            except (httpx.TransportError, *RETRYABLE):
-                attempt += 1
-                if not call.retry or attempt > self.retries:
-                    raise
-                await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+        """Send one call; one safe to repeat is retried on transport errors and 503s, backing off."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type((httpx.TransportError, *RETRYABLE)),
+            stop=stop_after_attempt(1 + (self.retries if call.retry else 0)),
+            wait=wait_exponential(multiplier=0.4, max=2.0),  # 0.4 s, 0.8 s, 1.6 s, then 2 s
+            reraise=True,
+        )
+        return await retrying(self._send, call)
+
+    async def _send(self, call: _Call) -> httpx.Response:
+        response = await self.http.request(
+            call.method, call.path, json=call.json, params=call.params, content=call.content
+        )
+        _raise_for(response)
+        return response
 
     async def acquire(
         self,
@@ -445,7 +451,7 @@ class AsyncSandbox:
         call = _Call("GET", f"{self._base}/files/list", params={"path": path}, retry=True)
         return dict((await self.fleet.call(call)).json())
 
-    async def evaluate(self, **body: Any) -> dict[str, Any]:
+    async def evaluate(self, /, **body: Any) -> dict[str, Any]:
         call = _Call("POST", f"{self._base}/evaluate", json=body)
         return dict((await self.fleet.call(call)).json())
 
@@ -459,9 +465,85 @@ class AsyncSandbox:
 
 # -- sync ---------------------------------------------------------------------------------------
 
+T = TypeVar("T")
+P = ParamSpec("P")
+A = TypeVar("A")
 
-class Fleet:
-    """Blocking client for one gateway, with the same calls as AsyncFleet."""
+
+class _LoopThread:
+    """A private event loop on a daemon thread, where a blocking client runs its async twin."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="sandfleet-client", daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupted caller does not leave its call running
+            raise
+
+    def stop(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def close(self) -> None:
+        self.stop()
+        self._thread.join()
+        self.loop.close()
+
+
+class _Blocking(Generic[A]):
+    """A blocking face over the async object `_async`."""
+
+    _async: A
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        raise NotImplementedError
+
+
+def _blocking(
+    method: Callable[Concatenate[A, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[_Blocking[A], P], T]:
+    """The blocking twin of an async method: the same call, run to its end on the private loop."""
+
+    @functools.wraps(method)
+    def run(self: _Blocking[A], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(method(self._async, *args, **kwargs))
+
+    return run
+
+
+class _ThreadedTransport(httpx.AsyncBaseTransport):
+    """A blocking httpx transport (passed to `Fleet`) driven from the private loop."""
+
+    def __init__(self, transport: httpx.BaseTransport) -> None:
+        self.transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        def send() -> httpx.Response:
+            response = self.transport.handle_request(request)
+            stream = cast(httpx.SyncByteStream, response.stream)  # what a blocking transport answers with
+            try:
+                # The stream's raw bytes, so the async client decodes them once, as the blocking one would.
+                raw = b"".join(stream)
+            finally:
+                stream.close()
+            return httpx.Response(
+                response.status_code, headers=response.headers, content=raw, extensions=response.extensions
+            )
+
+        return await asyncio.to_thread(send)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.transport.close)
+
+
+class Fleet(_Blocking[AsyncFleet]):
+    """Blocking client for one gateway, with the same calls as AsyncFleet (which it runs)."""
 
     def __init__(
         self,
@@ -472,124 +554,98 @@ class Fleet:
         transport: httpx.BaseTransport | None = None,
         token_file: str | Path | None = None,
     ) -> None:
-        base, headers, auth = _settings(url, token, token_file)
-        self.retries = retries
-        self.http = httpx.Client(
-            base_url=base, headers=headers, auth=auth, timeout=timeout, transport=transport
+        self._loop = _LoopThread()
+        # A Fleet dropped without close stops its loop rather than keep a thread per instance.
+        weakref.finalize(self, self._loop.stop)
+        sender = (
+            transport
+            if transport is None or isinstance(transport, httpx.AsyncBaseTransport)
+            else _ThreadedTransport(transport)
         )
+
+        async def make() -> AsyncFleet:
+            return AsyncFleet(url, token, timeout, retries, sender, token_file)
+
+        self._async = self._run(make())
+
+    @property
+    def retries(self) -> int:
+        return self._async.retries
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self._loop.run(coroutine)
 
     def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.http.close()
+        self.close()
 
-    def call(self, call: _Call) -> httpx.Response:
-        attempt = 0
-        while True:
-            try:
-                response = self.http.request(
-                    call.method, call.path, json=call.json, params=call.params, content=call.content
-                )
-                _raise_for(response)
-                return response
-            except (httpx.TransportError, *RETRYABLE):
-                attempt += 1
-                if not call.retry or attempt > self.retries:
-                    raise
-                time.sleep(min(0.2 * 2**attempt, 2.0))
+    def close(self) -> None:
+        """Close the connections and stop the private loop."""
+        if not self._loop.loop.is_closed():
+            self._run(self._async.http.aclose())
+            self._loop.close()
 
-    def acquire(
-        self,
-        pool: str,
-        count: int = 1,
-        regions: Sequence[str] = (),
-        ttl_seconds: int | None = None,
-        labels: dict[str, str] | None = None,
-        policy_version: int | None = None,
-        wait_seconds: float = 30.0,
-        idempotency_key: str | None = None,
-    ) -> list[Lease]:
-        call = _acquire_call(
-            pool, count, regions, ttl_seconds, labels, policy_version, wait_seconds, idempotency_key
-        )
-        return _leases_from(self.call(call).json())
+    @contextmanager
+    def _entered(self, manager: AbstractAsyncContextManager[T]) -> Iterator[T]:
+        """Enter and exit an async context manager on the private loop."""
+        value = self._run(manager.__aenter__())
+        try:
+            yield value
+        except BaseException as error:
+            if not self._run(manager.__aexit__(type(error), error, error.__traceback__)):
+                raise
+        else:
+            self._run(manager.__aexit__(None, None, None))
 
     @contextmanager
     def lease(self, pool: str, **options: Any) -> Iterator[Sandbox]:
-        (lease,) = self.acquire(pool, count=1, **options)
-        try:
-            yield Sandbox(self, lease)
-        finally:
-            self.release(lease.id)
+        """One sandbox for one episode; released on exit, whatever happened inside."""
+        with self._entered(self._async.lease(pool, **options)) as sandbox:
+            yield Sandbox(self, sandbox.lease)
 
-    def release(self, lease_id: str) -> bool:
-        return bool(self.call(_Call("DELETE", f"/v1/leases/{lease_id}", retry=True)).json()["released"])
+    @contextmanager
+    def group(self, pool: str, count: int, **options: Any) -> Iterator[list[Sandbox]]:
+        """`count` sandboxes at once, all or nothing (a GRPO group); released on exit."""
+        with self._entered(self._async.group(pool, count, **options)) as sandboxes:
+            yield [Sandbox(self, sandbox.lease) for sandbox in sandboxes]
 
-    def release_run(self, run: str) -> list[str]:
-        return list(self.call(_Call("POST", f"/v1/runs/{run}/release", retry=True)).json()["released"])
-
-    def renew(self, lease_id: str, ttl_seconds: int | None = None) -> Lease:
-        body = {"ttl_seconds": ttl_seconds} if ttl_seconds else {}
-        response = self.call(_Call("POST", f"/v1/leases/{lease_id}/renew", json=body, retry=True))
-        return Lease.of(response.json()["lease"])
-
-    def leases(self, pool: str | None = None, run: str | None = None) -> list[Lease]:
-        params = {k: v for k, v in {"pool": pool, "run": run}.items() if v}
-        response = self.call(_Call("GET", "/v1/leases", params=params, retry=True))
-        return [Lease.of(item) for item in response.json()["leases"]]
-
-    def pools(self) -> list[dict[str, Any]]:
-        return list(self.call(_Call("GET", "/v1/pools", retry=True)).json()["pools"])
-
-    def publish_policy(
-        self, run: str, version: int, staleness_bound: int | None = None, mode: str | None = None
-    ) -> dict[str, Any]:
-        return dict(self.call(_publish_call(run, version, staleness_bound, mode)).json())
-
-    def policy(self, run: str) -> dict[str, Any]:
-        return dict(self.call(_Call("GET", f"/v1/runs/{run}/policy", retry=True)).json())
-
-    def report_spans(self, run: str, spans: Sequence[SpanReport], dropped_stale: int = 0) -> int:
-        if not spans and not dropped_stale:
-            return 0
-        return int(self.call(_spans_call(run, spans, dropped_stale)).json()["recorded"])
-
-    def profile(self, run: str, window_seconds: float = 300.0) -> dict[str, Any]:
-        return dict(self.call(_profile_call(run, window_seconds)).json())
+    call = _blocking(AsyncFleet.call)
+    acquire = _blocking(AsyncFleet.acquire)
+    release = _blocking(AsyncFleet.release)
+    release_run = _blocking(AsyncFleet.release_run)
+    renew = _blocking(AsyncFleet.renew)
+    leases = _blocking(AsyncFleet.leases)
+    pools = _blocking(AsyncFleet.pools)
+    publish_policy = _blocking(AsyncFleet.publish_policy)
+    policy = _blocking(AsyncFleet.policy)
+    report_spans = _blocking(AsyncFleet.report_spans)
+    profile = _blocking(AsyncFleet.profile)
 
 
-class Sandbox:
-    """A leased sandbox (blocking calls)."""
+class Sandbox(_Blocking[AsyncSandbox]):
+    """A leased sandbox (blocking calls), with the same calls as AsyncSandbox (which it runs)."""
 
     def __init__(self, fleet: Fleet, lease: Lease) -> None:
         self.fleet = fleet
-        self.lease = lease
-        self._base = f"/v1/leases/{lease.id}"
+        self._async = AsyncSandbox(fleet._async, lease)
 
-    def exec(
-        self,
-        command: Sequence[str] | str,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: str | None = None,
-        timeout_s: float | None = None,
-    ) -> ExecResult:
-        body = _exec_body(command, env, cwd, stdin, timeout_s)
-        return ExecResult.of(self.fleet.call(_Call("POST", f"{self._base}/exec", json=body)).json())
+    @property
+    def lease(self) -> Lease:
+        return self._async.lease
 
-    def read_file(self, path: str) -> bytes:
-        call = _Call("GET", f"{self._base}/files", params={"path": path}, retry=True)
-        return self.fleet.call(call).content
+    @lease.setter
+    def lease(self, lease: Lease) -> None:
+        self._async.lease = lease
 
-    def write_file(self, path: str, data: bytes | str) -> None:
-        content = data.encode() if isinstance(data, str) else data
-        self.fleet.call(
-            _Call("PUT", f"{self._base}/files", params={"path": path}, content=content, retry=True)
-        )
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.fleet._run(coroutine)
 
-    def evaluate(self, **body: Any) -> dict[str, Any]:
-        return dict(self.fleet.call(_Call("POST", f"{self._base}/evaluate", json=body)).json())
-
-    def release(self) -> bool:
-        return self.fleet.release(self.lease.id)
+    exec = _blocking(AsyncSandbox.exec)
+    read_file = _blocking(AsyncSandbox.read_file)
+    write_file = _blocking(AsyncSandbox.write_file)
+    list_files = _blocking(AsyncSandbox.list_files)
+    evaluate = _blocking(AsyncSandbox.evaluate)
+    renew = _blocking(AsyncSandbox.renew)
+    release = _blocking(AsyncSandbox.release)

@@ -1,0 +1,119 @@
+"""The blocking client is the async one on a private loop: same calls, same retries, any httpx transport."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+
+import httpx
+import pytest
+
+from sandfleet.client import AsyncFleet, Fleet, Lease, Sandbox, SandboxLost, Unavailable
+
+LEASE = {"id": "l1", "pool": "python", "sandbox": "sb-1", "region": "us", "expires_at": 1.0, "labels": {}}
+
+
+class Gateway:
+    """Answers like the gateway; the first `unavailable` requests get a 503."""
+
+    def __init__(self, unavailable: int = 0) -> None:
+        self.unavailable = unavailable
+        self.seen: list[str] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append(f"{request.method} {request.url.path}")
+        if self.unavailable:
+            self.unavailable -= 1
+            return httpx.Response(503, json={"error": "unavailable", "detail": "try again"})
+        path = request.url.path
+        if path == "/v1/leases" and request.method == "POST":
+            count = json.loads(request.content)["count"]
+            return httpx.Response(200, json={"leases": [{**LEASE, "id": f"l{i}"} for i in range(count)]})
+        if path.endswith("/files/list"):
+            return httpx.Response(200, json={"entries": []})
+        if path.endswith("/renew"):
+            return httpx.Response(200, json={"lease": {**LEASE, "expires_at": 2.0}})
+        if path.endswith("/exec"):
+            return httpx.Response(502, json={"error": "sandbox_lost", "detail": "gone"})
+        if request.method == "DELETE":
+            return httpx.Response(200, json={"released": True})
+        return httpx.Response(200, json={"pools": [{"name": "python"}]})
+
+
+class Blocking(httpx.BaseTransport):
+    """A blocking-only transport that gzips its bodies, as a real server may."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self.gateway.handle(request)
+        headers = {"content-type": "application/json", "content-encoding": "gzip"}
+        return httpx.Response(answer.status_code, headers=headers, content=gzip.compress(answer.content))
+
+
+def test_safe_calls_are_retried_through_a_503_and_others_are_not() -> None:
+    gateway = Gateway(unavailable=1)
+    with Fleet("http://gateway", transport=httpx.MockTransport(gateway.handle)) as fleet:
+        assert fleet.pools() == [{"name": "python"}]
+        assert gateway.seen == ["GET /v1/pools", "GET /v1/pools"]
+        sandbox = Sandbox(fleet, Lease.of(LEASE))
+        with pytest.raises(SandboxLost):
+            sandbox.exec(["true"])  # an exec is never repeated
+        assert gateway.seen[-1] == "POST /v1/leases/l1/exec"
+
+
+def test_retries_end_with_the_gateways_error() -> None:
+    gateway = Gateway(unavailable=10)
+    with (
+        Fleet("http://gateway", retries=1, transport=httpx.MockTransport(gateway.handle)) as fleet,
+        pytest.raises(Unavailable),
+    ):
+        fleet.pools()
+    assert len(gateway.seen) == 2
+
+
+async def test_the_async_client_retries_the_same_way() -> None:
+    gateway = Gateway(unavailable=1)
+    async with AsyncFleet("http://gateway", transport=httpx.MockTransport(gateway.handle)) as fleet:
+        assert await fleet.pools() == [{"name": "python"}]
+    assert len(gateway.seen) == 2
+
+
+def test_a_blocking_transport_works_and_bodies_are_decoded_once() -> None:
+    gateway = Gateway()
+    with Fleet("http://gateway", transport=Blocking(gateway)) as fleet:
+        assert fleet.pools() == [{"name": "python"}]
+        with fleet.lease("python") as sandbox:
+            assert sandbox.list_files() == {"entries": []}
+            assert sandbox.renew().expires_at == 2.0
+            assert sandbox.lease.expires_at == 2.0
+    assert gateway.seen[-1] == "DELETE /v1/leases/l0"
+
+
+def test_a_group_is_released_whatever_happens_inside() -> None:
+    gateway = Gateway()
+    leased: list[str] = []
+
+    def episode(fleet: Fleet) -> None:
+        with fleet.group("python", 2) as sandboxes:
+            leased.extend(s.lease.id for s in sandboxes)
+            raise RuntimeError("episode failed")
+
+    with (
+        Fleet("http://gateway", transport=httpx.MockTransport(gateway.handle)) as fleet,
+        pytest.raises(RuntimeError, match="episode failed"),
+    ):
+        episode(fleet)
+    assert leased == ["l0", "l1"]
+    assert sorted(gateway.seen[-2:]) == ["DELETE /v1/leases/l0", "DELETE /v1/leases/l1"]
+
+
+def test_closing_stops_the_private_loop_thread() -> None:
+    before = {t for t in threading.enumerate() if t.name == "sandfleet-client"}
+    with Fleet("http://gateway", transport=httpx.MockTransport(Gateway().handle)) as fleet:
+        fleet.pools()
+        assert {t for t in threading.enumerate() if t.name == "sandfleet-client"} - before
+    assert {t for t in threading.enumerate() if t.name == "sandfleet-client"} == before
+    fleet.close()  # a second close is harmless
