@@ -178,8 +178,11 @@ def plan_pool(
     """Decide creations and deletions for one pool. `groups[0]` is the pool's own template."""
     specs = {r.name: r for r in pool.regions}
     base = groups[0].key if groups else ""
-    deadline = pool.template.readiness_deadline_seconds
-    observed = _classify(specs, groups, sandboxes, capacity, nodes_ready, deadline, now)
+    rules = _Rules(
+        frozenset(g.key for g in groups), capacity, nodes_ready, pool.template.readiness_deadline_seconds, now
+    )
+    regions = {name: _Region() for name in specs}
+    observed = _classify(sandboxes, regions, rules, groups[0].key if groups else None)
     failures = _next_failures(failures, base, observed.regions.values(), observed.failed_now, now)
     budget, retry_at = _creation_budget(failures, observed.regions.values(), now)
     filled = _fill_groups(pool, groups, observed.regions, capacity, budget)
@@ -208,26 +211,28 @@ class _Observed:
     failed_now: int
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """What an observed sandbox is judged by: the templates kept warm, free zones, nodes, the time."""
+
+    active: frozenset[str]
+    capacity: Mapping[str, RegionCapacity]
+    nodes_ready: Mapping[str, bool]
+    deadline: float
+    now: float
+
+
 def _classify(
-    specs: Mapping[str, RegionSpec],
-    groups: Sequence[WarmGroup],
-    sandboxes: Sequence[Sandbox],
-    capacity: Mapping[str, RegionCapacity],
-    nodes_ready: Mapping[str, bool],
-    deadline: float,
-    now: float,
+    sandboxes: Sequence[Sandbox], regions: dict[str, _Region], rules: _Rules, base: str | None
 ) -> _Observed:
-    regions = {name: _Region() for name in specs}
-    active = frozenset(g.key for g in groups)
-    base = groups[0].key if groups else None
+    """Count each sandbox in its region (`regions`, filled here), or say why it goes now."""
     deletes: list[Delete] = []
     failed_now = 0
     for sandbox in sorted(sandboxes, key=lambda s: (s.created_at, s.name)):
         if sandbox.terminating:
             continue
         region = regions.get(sandbox.region)
-        zones = capacity.get(sandbox.region, RegionCapacity()).zones
-        delete = _classify_one(sandbox, region, active, zones, nodes_ready, deadline, now)
+        delete = _classify_one(sandbox, region, rules)
         if delete is None:
             continue
         deletes.append(delete)
@@ -238,16 +243,9 @@ def _classify(
     return _Observed(regions, tuple(deletes), failed_now)
 
 
-def _classify_one(
-    sandbox: Sandbox,
-    region: _Region | None,
-    active: frozenset[str],
-    zones: Mapping[str, int],
-    nodes_ready: Mapping[str, bool],
-    deadline: float,
-    now: float,
-) -> Delete | None:
+def _classify_one(sandbox: Sandbox, region: _Region | None, rules: _Rules) -> Delete | None:
     """Why `sandbox` goes now, or None once it is counted in `region`."""
+    now, deadline = rules.now, rules.deadline
     if sandbox.state == api.LEASE_RELEASED:
         return Delete(sandbox.name, RELEASED)
     if not sandbox.free:
@@ -258,10 +256,11 @@ def _classify_one(
             region.leased += 1
             region.zones[sandbox.zone or ""] += 1
         return None
-    if sandbox.node is not None and nodes_ready.get(sandbox.node) is False:
+    if sandbox.node is not None and rules.nodes_ready.get(sandbox.node) is False:
         return Delete(sandbox.name, NODE_NOT_READY, force=True)
     if region is None:
         return Delete(sandbox.name, REGION_REMOVED)
+    zones = rules.capacity.get(sandbox.region, RegionCapacity()).zones
     if sandbox.node is None and sandbox.zone and sandbox.zone not in zones:
         # Pinned to a zone whose last node went away: it can never schedule. Not the image's
         # fault, so no failure is counted; the region's other zones take its place.
@@ -272,7 +271,7 @@ def _classify_one(
         return Delete(sandbox.name, LOST_READINESS)
     if sandbox.broken or (not sandbox.ready and not lost and sandbox.created_at + deadline <= now):
         return Delete(sandbox.name, BROKEN if sandbox.broken else NOT_READY_IN_TIME)
-    if sandbox.template_hash in active:
+    if sandbox.template_hash in rules.active:
         bucket = region.ready if sandbox.ready else region.starting
         bucket.setdefault(sandbox.template_hash, []).append(sandbox)
         region.zones[sandbox.zone or ""] += 1
