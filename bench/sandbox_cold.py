@@ -15,12 +15,13 @@ import argparse
 import asyncio
 import json
 import time
+from collections import deque
 
 import httpx
 from localbench import log, prepare, samples, summary
 
 from sandfleet.local.pool import WarmPool
-from sandfleet.local.runtime import LocalRuntime
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 
 NAME = "cold"
 TARGET_COLD_P50_S = 1.0
@@ -73,21 +74,24 @@ async def run(runs: int) -> dict[str, object]:
             if (index + 1) % 10 == 0:
                 log(NAME, f"restore {index + 1}/{runs}: last {restored[-1] * 1000:.0f} ms")
 
-        pool = WarmPool(runtime, size=2)
+        # As the local backend leases: take a ready sandbox the pool announced; release destroys it.
+        ready: deque[RunscSandbox] = deque()
+        pool = WarmPool(runtime, size=2, on_ready=ready.append)
         pool.start()
         async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
             for index in range(runs):
                 await pool.wait_full()
                 started = time.monotonic()
-                lease = await pool.acquire()
+                sandbox = ready.popleft()
+                assert pool.take(sandbox)
                 leased = time.monotonic()
                 response = await client.post(
-                    f"{lease.sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=lease.sandbox.headers
+                    f"{sandbox.url}/v1/exec", json={"argv": ["true"]}, headers=sandbox.headers
                 )
                 assert response.json()["exit_code"] == 0
                 warm_lease.append(leased - started)
                 first_exec.append(time.monotonic() - started)
-                pool.release(lease)
+                runtime.release(sandbox)
                 if (index + 1) % 10 == 0:
                     log(NAME, f"warm {index + 1}/{runs}: first exec {first_exec[-1] * 1000:.1f} ms")
         await pool.close()
