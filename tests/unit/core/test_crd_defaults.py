@@ -13,7 +13,6 @@ from sandfleet.core import api
 from sandfleet.core.model import (
     DEFAULT_PREWARM_TTL_SECONDS,
     DEFAULT_REPLICAS,
-    AutoscalingSpec,
     LeaseSpec,
     PoolSpec,
     RegionSpec,
@@ -29,8 +28,6 @@ CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crds"
 BARE_POOL = pool_from_object(
     {"metadata": {"namespace": "ns", "name": "p"}, "spec": {"regions": [{"name": "r"}], "template": {}}}
 )
-BARE_REGION = BARE_POOL.regions[0]
-BARE_TEMPLATE = BARE_POOL.template
 
 
 def _bare_prewarm_ttl() -> float:
@@ -39,67 +36,53 @@ def _bare_prewarm_ttl() -> float:
     return prewarm.expires_at - (parse_time(written) or 0.0)
 
 
-# (kind, schema path) -> (the typed spec's default, what a reader assumes when the field is absent).
-Pair = tuple[Any, Any]
-EXPECTED: dict[tuple[str, str], Callable[[], Pair]] = {
-    (api.POOL_KIND, "spec.replicas"): lambda: (DEFAULT_REPLICAS, BARE_POOL.replicas),
-    (api.POOL_KIND, "spec.regions[].weight"): lambda: (RegionSpec("r").weight, BARE_REGION.weight),
-    (api.POOL_KIND, "spec.regions[].minWarm"): lambda: (RegionSpec("r").min_warm, BARE_REGION.min_warm),
-    (api.POOL_KIND, "spec.regions[].maxSandboxes"): lambda: (
-        RegionSpec("r").max_sandboxes,
-        BARE_REGION.max_sandboxes,
-    ),
-    (api.POOL_KIND, "spec.template.imagePullPolicy"): lambda: (
-        Template("i").image_pull_policy,
-        BARE_TEMPLATE.image_pull_policy,
-    ),
-    (api.POOL_KIND, "spec.template.runtimeClassName"): lambda: (
-        Template("i").runtime_class_name,
-        BARE_TEMPLATE.runtime_class_name,
-    ),
-    (api.POOL_KIND, "spec.template.agentPort"): lambda: (Template("i").agent_port, BARE_TEMPLATE.agent_port),
-    (api.POOL_KIND, "spec.template.readinessDeadlineSeconds"): lambda: (
-        Template("i").readiness_deadline_seconds,
-        BARE_TEMPLATE.readiness_deadline_seconds,
-    ),
-    (api.POOL_KIND, "spec.lease"): lambda: (
-        _lease_object(LeaseSpec()),
-        _lease_object(BARE_POOL.lease),
-    ),
-    (api.POOL_KIND, "spec.lease.defaultTTLSeconds"): lambda: (
-        LeaseSpec().default_ttl_seconds,
-        BARE_POOL.lease.default_ttl_seconds,
-    ),
-    (api.POOL_KIND, "spec.lease.maxTTLSeconds"): lambda: (
-        LeaseSpec().max_ttl_seconds,
-        BARE_POOL.lease.max_ttl_seconds,
-    ),
-    (api.POOL_KIND, "spec.autoscaling.enabled"): lambda: (
-        AutoscalingSpec().enabled,
-        BARE_POOL.autoscaling.enabled,
-    ),
-    (api.POOL_KIND, "spec.autoscaling.minReplicas"): lambda: (
-        AutoscalingSpec().min_replicas,
-        BARE_POOL.autoscaling.min_replicas,
-    ),
-    (api.POOL_KIND, "spec.autoscaling.maxReplicas"): lambda: (
-        AutoscalingSpec().max_replicas,
-        BARE_POOL.autoscaling.max_replicas,
-    ),
-    (api.POOL_KIND, "spec.autoscaling.headroom"): lambda: (
-        AutoscalingSpec().headroom,
-        BARE_POOL.autoscaling.headroom,
-    ),
-    (api.POOL_KIND, "spec.autoscaling.scaleDownDelaySeconds"): lambda: (
-        AutoscalingSpec().scale_down_delay_seconds,
-        BARE_POOL.autoscaling.scale_down_delay_seconds,
-    ),
-    ("SandboxPrewarm", "spec.ttlSeconds"): lambda: (DEFAULT_PREWARM_TTL_SECONDS, _bare_prewarm_ttl()),
-}
+# The typed specs with nothing but their defaults (the required fields filled in).
+TYPED_POOL = PoolSpec("ns", "p", "", 0, DEFAULT_REPLICAS, (RegionSpec("r"),), Template(""))
 
 
 def _lease_object(lease: LeaseSpec) -> dict[str, int]:
     return {"defaultTTLSeconds": lease.default_ttl_seconds, "maxTTLSeconds": lease.max_ttl_seconds}
+
+
+def _field(dotted: str) -> Callable[[PoolSpec], Any]:
+    def read(pool: PoolSpec) -> Any:
+        value: Any = pool
+        for part in dotted.split("."):
+            value = value[int(part)] if part.isdigit() else getattr(value, part)
+        return value
+
+    return read
+
+
+# SandboxPool schema path -> where a PoolSpec keeps it.
+POOL_FIELDS: dict[str, Callable[[PoolSpec], Any]] = {
+    "spec.replicas": _field("replicas"),
+    "spec.regions[].weight": _field("regions.0.weight"),
+    "spec.regions[].minWarm": _field("regions.0.min_warm"),
+    "spec.regions[].maxSandboxes": _field("regions.0.max_sandboxes"),
+    "spec.template.imagePullPolicy": _field("template.image_pull_policy"),
+    "spec.template.runtimeClassName": _field("template.runtime_class_name"),
+    "spec.template.agentPort": _field("template.agent_port"),
+    "spec.template.readinessDeadlineSeconds": _field("template.readiness_deadline_seconds"),
+    "spec.lease": lambda pool: _lease_object(pool.lease),
+    "spec.lease.defaultTTLSeconds": _field("lease.default_ttl_seconds"),
+    "spec.lease.maxTTLSeconds": _field("lease.max_ttl_seconds"),
+    "spec.autoscaling.enabled": _field("autoscaling.enabled"),
+    "spec.autoscaling.minReplicas": _field("autoscaling.min_replicas"),
+    "spec.autoscaling.maxReplicas": _field("autoscaling.max_replicas"),
+    "spec.autoscaling.headroom": _field("autoscaling.headroom"),
+    "spec.autoscaling.scaleDownDelaySeconds": _field("autoscaling.scale_down_delay_seconds"),
+}
+
+
+def _expected(kind: str, where: str) -> tuple[Any, Any] | None:
+    """(the typed spec's default, what a reader assumes when the field is absent), or None if unmapped."""
+    if kind == api.POOL_KIND and where in POOL_FIELDS:
+        read = POOL_FIELDS[where]
+        return read(TYPED_POOL), read(BARE_POOL)
+    if (kind, where) == ("SandboxPrewarm", "spec.ttlSeconds"):
+        return DEFAULT_PREWARM_TTL_SECONDS, _bare_prewarm_ttl()
+    return None
 
 
 def _defaults(schema: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
@@ -127,15 +110,16 @@ CRD_DEFAULTS = _crd_defaults()
 
 
 def test_the_crds_declare_defaults() -> None:
-    assert len(CRD_DEFAULTS) >= len(EXPECTED)
+    assert len(CRD_DEFAULTS) == len(POOL_FIELDS) + 1  # + the prewarm's ttlSeconds
 
 
 @pytest.mark.parametrize(
     ("kind", "where", "default"), CRD_DEFAULTS, ids=[f"{k}:{w}" for k, w, _ in CRD_DEFAULTS]
 )
 def test_each_crd_default_is_the_typed_default(kind: str, where: str, default: Any) -> None:
-    assert (kind, where) in EXPECTED, f"{kind} {where} has a CRD default ({default!r}) no typed spec states"
-    typed, assumed = EXPECTED[(kind, where)]()
+    expected = _expected(kind, where)
+    assert expected is not None, f"{kind} {where} has a CRD default ({default!r}) no typed spec states"
+    typed, assumed = expected
     assert typed == default, f"{kind} {where}: the CRD says {default!r}, the typed spec {typed!r}"
     assert assumed == default, f"{kind} {where}: the CRD says {default!r}, a reader assumes {assumed!r}"
 
