@@ -20,20 +20,20 @@ from sandfleet.core.warm_index import Shelf
 from sandfleet.gateway.backend import Backend, PoolInfo
 
 
-class NotFound(LookupError):
-    """No such pool or lease."""
+class UnknownName(LookupError):
+    """No pool, lease or run by that name, or no pool for an image (the client sees `NotFound`)."""
 
 
 class Gone(LookupError):
     """The lease existed but has ended (released or expired): its sandbox is not coming back."""
 
 
-class Forbidden(PermissionError):
-    """The caller may not touch this lease."""
+class NotTheHolder(PermissionError):
+    """The caller may not touch this lease: another caller holds it (the client sees `Forbidden`)."""
 
 
-class QueueFull(RuntimeError):
-    """Too many callers are already waiting for this pool."""
+class PoolQueueFull(RuntimeError):
+    """Too many callers are already waiting for this pool (the client sees `QueueFull`)."""
 
     def __init__(self, pool: str, admission: Admission) -> None:
         super().__init__(
@@ -170,7 +170,7 @@ class LeaseService:
     def pool(self, name: str) -> PoolInfo:
         pool = self.backend.pool(name)
         if pool is None:
-            raise NotFound(f"no pool named {name!r}: list pools with GET /v1/pools")
+            raise UnknownName(f"no pool named {name!r}: list pools with GET /v1/pools")
         return pool
 
     def pool_for_image(self, image: str) -> str:
@@ -182,7 +182,7 @@ class LeaseService:
         for sandbox in self.backend.sandboxes():
             if sandbox.image_key == key:
                 return sandbox.pool
-        raise NotFound(f"no pool runs image {image!r}: prefetch it into a pool with POST /v1/prefetch")
+        raise UnknownName(f"no pool runs image {image!r}: prefetch it into a pool with POST /v1/prefetch")
 
     async def acquire(self, request: LeaseRequest) -> Granted:
         """Lease `count` sandboxes from the pool, waiting in its FIFO queue if none is warm."""
@@ -321,7 +321,7 @@ class LeaseService:
         if queue.waiters or len(self.backend.warm(*shelf)) < request.count:
             admission = admit(len(queue.waiters), self.max_waiting, eta_each / request.count)
             if not admission.admitted:
-                raise QueueFull(request.pool, admission)
+                raise PoolQueueFull(request.pool, admission)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(request, shelf, ttl, now, loop.create_future())
         queue.waiters.append(waiter)
@@ -549,17 +549,17 @@ class LeaseService:
     # -- the lease's life ----------------------------------------------------------------------
 
     async def current(self, lease_id: str, holder: str | None = None) -> tuple[LeaseRecord, Sandbox]:
-        """The live lease and its sandbox, or NotFound / Gone / Forbidden saying why not."""
+        """The live lease and its sandbox, or UnknownName / Gone / NotTheHolder saying why not."""
         sandbox = self.backend.sandbox(lease_id)
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
             # Not (yet) a lease here: another replica may have just granted it and our watch lags
             # behind, so the source of truth decides before a holder is told its lease is unknown.
             sandbox = await self.backend.fresh(lease_id)
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
-            raise NotFound(f"no lease {lease_id!r}: it never existed or its sandbox is gone")
+            raise UnknownName(f"no lease {lease_id!r}: it never existed or its sandbox is gone")
         lease = sandbox.lease
         if holder is not None and lease.holder != holder:
-            raise Forbidden(f"lease {lease_id!r} belongs to another caller")
+            raise NotTheHolder(f"lease {lease_id!r} belongs to another caller")
         if sandbox.state == api.LEASE_RELEASED or sandbox.terminating:
             raise Gone(f"lease {lease_id!r} was released; acquire a new one")
         if lease.expired(self.clock()):
@@ -582,7 +582,7 @@ class LeaseService:
         """Release a lease; True if this call released it, False if it had already ended."""
         try:
             _, sandbox = await self.current(lease_id, holder)
-        except (NotFound, Gone):
+        except (UnknownName, Gone):
             return False
         await self.backend.release(sandbox)
         return True

@@ -14,12 +14,12 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
 from sandfleet.gateway.leasing import (
-    Forbidden,
     Gone,
     LeaseRequest,
     LeaseService,
-    NotFound,
-    QueueFull,
+    NotTheHolder,
+    PoolQueueFull,
+    UnknownName,
     WaitTimeout,
 )
 from tests.support.backends import MemoryBackend
@@ -68,7 +68,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 self.ended.add(lease_id)
 
     def _held_by_another(self, lease_id: str, holder: str) -> bool:
-        """Forbidden is the answer while the sandbox still carries another caller's lease (live or not)."""
+        """NotTheHolder is the answer while the sandbox still carries another caller's lease (live or not)."""
         sandbox = self.backend.items.get(lease_id)
         return sandbox is not None and sandbox.lease is not None and sandbox.lease.holder != holder
 
@@ -139,7 +139,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert ttl is not None
             assert ttl <= 0 or ttl > 600
             return multiple()
-        except (WaitTimeout, QueueFull):
+        except (WaitTimeout, PoolQueueFull):
             return multiple()
         if key is None:
             assert len(granted.leases) == count, "all or nothing"
@@ -165,10 +165,10 @@ class LeaseMachine(RuleBasedStateMachine):
     def look_up(self, lease_id: str, holder: str) -> None:
         try:
             lease, _ = self.run(self.service.current(lease_id, holder))
-        except Forbidden:
+        except NotTheHolder:
             assert self._held_by_another(lease_id, holder)
             return
-        except (Gone, NotFound):
+        except (Gone, UnknownName):
             assert lease_id not in self.live
             return
         assert lease_id in self.live
@@ -178,10 +178,10 @@ class LeaseMachine(RuleBasedStateMachine):
     def renew(self, lease_id: str, holder: str, ttl: int | None) -> None:
         try:
             renewed = self.run(self.service.renew(lease_id, holder, ttl))
-        except Forbidden:
+        except NotTheHolder:
             assert self._held_by_another(lease_id, holder)
             return
-        except (Gone, NotFound):
+        except (Gone, UnknownName):
             assert lease_id not in self.live
             return
         except LeaseError:
@@ -197,7 +197,7 @@ class LeaseMachine(RuleBasedStateMachine):
         was_mine = lease_id in self.live and self.live[lease_id][0] == holder
         try:
             released = self.run(self.service.release(lease_id, holder))
-        except Forbidden:
+        except NotTheHolder:
             assert self._held_by_another(lease_id, holder)
             return
         assert released == was_mine
@@ -207,7 +207,7 @@ class LeaseMachine(RuleBasedStateMachine):
         # Idempotent: a second release changes nothing and says so.
         try:
             assert self.run(self.service.release(lease_id, holder)) is False
-        except Forbidden:
+        except NotTheHolder:
             assert self._held_by_another(lease_id, holder)
 
     @rule(run=st.sampled_from(RUNS), holder=st.sampled_from(HOLDERS))

@@ -9,7 +9,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.gateway.leasing import Gone, LeaseService, QueueFull, WaitTimeout
+from sandfleet.gateway.leasing import Gone, LeaseService, PoolQueueFull, WaitTimeout
 from tests.support.backends import POOL, MemoryBackend, request
 
 
@@ -94,7 +94,7 @@ async def test_queue_full_and_preferred_region() -> None:
     granted = await service.acquire(request(regions=("europe-west4",)))
     assert granted.leases[0][1].region == "europe-west4"
     await service.acquire(request())
-    with pytest.raises(QueueFull):
+    with pytest.raises(PoolQueueFull):
         await service.acquire(request())
 
 

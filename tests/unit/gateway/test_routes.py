@@ -14,7 +14,7 @@ from sandfleet.core.queueing import Admission
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, Unauthenticated
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import Forbidden, Gone, Granted, NotFound, QueueFull, WaitTimeout
+from sandfleet.gateway.leasing import Gone, Granted, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for, validation_detail
 from sandfleet.gateway.routes.leases import granted_result, refused_result
@@ -154,10 +154,10 @@ def test_an_error_answers_with_its_nearest_listed_class() -> None:
     assert problem_for(Gone("ended")) == (410, "lease_ended")
     assert problem_for(LeaseError("bad ttl")) == (422, "invalid_lease")
 
-    class Stricter(Forbidden):
+    class Stricter(NotTheHolder):
         pass
 
-    assert problem_for(Stricter("no")) == PROBLEMS[Forbidden]
+    assert problem_for(Stricter("no")) == PROBLEMS[NotTheHolder]
     with pytest.raises(StopIteration):
         problem_for(RuntimeError("not listed"))
 
@@ -175,8 +175,8 @@ def test_a_refused_acquire_is_counted_by_why() -> None:
     assert refused_result(WaitTimeout("python", 3, 1.5)) == "timeout"
     assert refused_result(ClientGone("hung up")) == "abandoned"
     admission = Admission(admitted=False, position=10, eta_seconds=2.0, retry_after_seconds=2)
-    assert refused_result(QueueFull("python", admission)) == "rejected"
-    assert refused_result(NotFound("no pool")) == "rejected"
+    assert refused_result(PoolQueueFull("python", admission)) == "rejected"
+    assert refused_result(UnknownName("no pool")) == "rejected"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import NotAllowed, Unauthenticated
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import Forbidden, Gone, NotFound, QueueFull, WaitTimeout
+from sandfleet.gateway.leasing import Gone, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
 from sandfleet.gateway.models import Problem
 from sandfleet.gateway.proxy import SandboxUnreachable
 from sandfleet.gateway.runs import InvalidRunName, NotYourRun, StalePolicy
@@ -43,10 +43,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 PROBLEMS: dict[type[Exception], tuple[int, str]] = {
     Unauthenticated: (401, "unauthenticated"),
     NotAllowed: (403, "forbidden"),
-    Forbidden: (403, "forbidden"),
+    NotTheHolder: (403, "forbidden"),
     NotYourRun: (403, "run_forbidden"),
     InvalidRunName: (422, "invalid_run"),
-    NotFound: (404, "not_found"),
+    UnknownName: (404, "not_found"),
     Gone: (410, "lease_ended"),
     LeaseError: (422, "invalid_lease"),
     StalePolicy: (409, "policy_stale"),
@@ -102,7 +102,7 @@ async def listed(_: Request, error: Exception) -> JSONResponse:
     return response
 
 
-async def queue_full(_: Request, error: QueueFull) -> JSONResponse:
+async def queue_full(_: Request, error: PoolQueueFull) -> JSONResponse:
     a = error.admission
     return problem(
         429,
@@ -149,7 +149,7 @@ def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     for kind in PROBLEMS:
         app.add_exception_handler(kind, listed)
-    app.add_exception_handler(QueueFull, queue_full)  # type: ignore[arg-type]
+    app.add_exception_handler(PoolQueueFull, queue_full)  # type: ignore[arg-type]
     app.add_exception_handler(CapacityError, over_capacity)  # type: ignore[arg-type]
     app.add_exception_handler(QuotaExceeded, over_quota)  # type: ignore[arg-type]
     app.add_exception_handler(WaitTimeout, wait_timeout)  # type: ignore[arg-type]

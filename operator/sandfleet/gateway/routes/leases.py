@@ -11,7 +11,7 @@ from sandfleet.core.leases import LeaseError
 from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.auth import Caller
 from sandfleet.gateway.disconnect import ClientGone, unless_disconnected
-from sandfleet.gateway.leasing import Granted, LeaseRequest, QueueFull, WaitTimeout
+from sandfleet.gateway.leasing import Granted, LeaseRequest, PoolQueueFull, WaitTimeout
 from sandfleet.gateway.models import (
     AcquireRequest,
     AcquireResponse,
@@ -28,7 +28,7 @@ from sandfleet.gateway.routes.deps import Authed, Parts, PartsDep, RunName
 router = APIRouter(tags=["leases"])
 
 # An acquire that ends in one of these is counted as refused (and the error answers the caller).
-REFUSED = (QueueFull, QuotaExceeded, CapacityError, WaitTimeout, ClientGone)
+REFUSED = (PoolQueueFull, QuotaExceeded, CapacityError, WaitTimeout, ClientGone)
 
 
 def refused_result(error: Exception) -> str:

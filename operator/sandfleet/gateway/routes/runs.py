@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from sandfleet.core.profile import Span
-from sandfleet.gateway.leasing import NotFound
+from sandfleet.gateway.leasing import UnknownName
 from sandfleet.gateway.routes.deps import Authed, PartsDep, RunName
 from sandfleet.gateway.run_models import PolicyView, ProfileView, PublishPolicy, SpansRequest, SpansResponse
 
@@ -25,7 +25,7 @@ async def get_policy(run: RunName, who: Authed, shared: PartsDep) -> PolicyView:
     await shared.runs.check(run, who)
     policy = await shared.runs.policy(run)
     if policy is None:
-        raise NotFound(f"run {run!r} has no published policy: POST /v1/runs/{run}/policy")
+        raise UnknownName(f"run {run!r} has no published policy: POST /v1/runs/{run}/policy")
     return PolicyView.of(policy)
 
 
