@@ -24,8 +24,11 @@ class UnknownName(LookupError):
     """No pool, lease or run by that name, or no pool for an image (the client sees `NotFound`)."""
 
 
-class Gone(LookupError):
-    """The lease existed but has ended (released or expired): its sandbox is not coming back."""
+class LeaseGone(LookupError):
+    """The lease existed but has ended (released or expired): its sandbox is not coming back.
+
+    The client sees `LeaseEnded`; `sandfleet.kube.errors.Gone` is the apiserver's 410.
+    """
 
 
 class NotTheHolder(PermissionError):
@@ -549,7 +552,7 @@ class LeaseService:
     # -- the lease's life ----------------------------------------------------------------------
 
     async def current(self, lease_id: str, holder: str | None = None) -> tuple[LeaseRecord, Sandbox]:
-        """The live lease and its sandbox, or UnknownName / Gone / NotTheHolder saying why not."""
+        """The live lease and its sandbox, or UnknownName / LeaseGone / NotTheHolder saying why not."""
         sandbox = self.backend.sandbox(lease_id)
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
             # Not (yet) a lease here: another replica may have just granted it and our watch lags
@@ -561,9 +564,9 @@ class LeaseService:
         if holder is not None and lease.holder != holder:
             raise NotTheHolder(f"lease {lease_id!r} belongs to another caller")
         if sandbox.state == api.LEASE_RELEASED or sandbox.terminating:
-            raise Gone(f"lease {lease_id!r} was released; acquire a new one")
+            raise LeaseGone(f"lease {lease_id!r} was released; acquire a new one")
         if lease.expired(self.clock()):
-            raise Gone(f"lease {lease_id!r} expired; acquire a new one and renew it sooner")
+            raise LeaseGone(f"lease {lease_id!r} expired; acquire a new one and renew it sooner")
         return lease, sandbox
 
     async def renew(self, lease_id: str, holder: str, ttl_seconds: int | None) -> LeaseRecord:
@@ -582,7 +585,7 @@ class LeaseService:
         """Release a lease; True if this call released it, False if it had already ended."""
         try:
             _, sandbox = await self.current(lease_id, holder)
-        except (UnknownName, Gone):
+        except (UnknownName, LeaseGone):
             return False
         await self.backend.release(sandbox)
         return True

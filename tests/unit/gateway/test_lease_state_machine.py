@@ -14,7 +14,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
 from sandfleet.gateway.leasing import (
-    Gone,
+    LeaseGone,
     LeaseRequest,
     LeaseService,
     NotTheHolder,
@@ -168,7 +168,7 @@ class LeaseMachine(RuleBasedStateMachine):
         except NotTheHolder:
             assert self._held_by_another(lease_id, holder)
             return
-        except (Gone, UnknownName):
+        except (LeaseGone, UnknownName):
             assert lease_id not in self.live
             return
         assert lease_id in self.live
@@ -181,7 +181,7 @@ class LeaseMachine(RuleBasedStateMachine):
         except NotTheHolder:
             assert self._held_by_another(lease_id, holder)
             return
-        except (Gone, UnknownName):
+        except (LeaseGone, UnknownName):
             assert lease_id not in self.live
             return
         except LeaseError:

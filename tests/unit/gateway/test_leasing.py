@@ -9,7 +9,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.gateway.leasing import Gone, LeaseService, PoolQueueFull, WaitTimeout
+from sandfleet.gateway.leasing import LeaseGone, LeaseService, PoolQueueFull, WaitTimeout
 from tests.support.backends import POOL, MemoryBackend, request
 
 
@@ -119,11 +119,11 @@ async def test_expired_and_released_leases_are_gone() -> None:
     ((first, _),) = (await service.acquire(request(ttl_seconds=10))).leases
     ((second, _),) = (await service.acquire(request())).leases
     clock[0] += 11
-    with pytest.raises(Gone, match="expired"):
+    with pytest.raises(LeaseGone, match="expired"):
         await service.current(first.id)
     assert await service.release(second.id, "actor") is True
     assert await service.release(second.id, "actor") is False
-    with pytest.raises(Gone, match="released"):
+    with pytest.raises(LeaseGone, match="released"):
         await service.current(second.id)
 
 

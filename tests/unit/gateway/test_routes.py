@@ -14,7 +14,14 @@ from sandfleet.core.queueing import Admission
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, Unauthenticated
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import Gone, Granted, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
+from sandfleet.gateway.leasing import (
+    Granted,
+    LeaseGone,
+    NotTheHolder,
+    PoolQueueFull,
+    UnknownName,
+    WaitTimeout,
+)
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for, validation_detail
 from sandfleet.gateway.routes.leases import granted_result, refused_result
@@ -151,7 +158,7 @@ def test_each_app_gets_its_own_parts() -> None:
 
 def test_an_error_answers_with_its_nearest_listed_class() -> None:
     assert problem_for(Unauthenticated("no token")) == (401, "unauthenticated")
-    assert problem_for(Gone("ended")) == (410, "lease_ended")
+    assert problem_for(LeaseGone("ended")) == (410, "lease_ended")
     assert problem_for(LeaseError("bad ttl")) == (422, "invalid_lease")
 
     class Stricter(NotTheHolder):

@@ -16,7 +16,7 @@ from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import NotAllowed, Unauthenticated
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import Gone, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
+from sandfleet.gateway.leasing import LeaseGone, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
 from sandfleet.gateway.models import Problem
 from sandfleet.gateway.proxy import SandboxUnreachable
 from sandfleet.gateway.runs import InvalidRunName, NotYourRun, StalePolicy
@@ -47,7 +47,7 @@ PROBLEMS: dict[type[Exception], tuple[int, str]] = {
     NotYourRun: (403, "run_forbidden"),
     InvalidRunName: (422, "invalid_run"),
     UnknownName: (404, "not_found"),
-    Gone: (410, "lease_ended"),
+    LeaseGone: (410, "lease_ended"),
     LeaseError: (422, "invalid_lease"),
     StalePolicy: (409, "policy_stale"),
     PolicyError: (409, "policy_conflict"),
