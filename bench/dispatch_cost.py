@@ -22,7 +22,7 @@ from typing import Any
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord, lease_metadata
-from sandfleet.core.model import Sandbox, image_key
+from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.gateway.kube import KubeBackend, pool_from_object
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService
 
@@ -66,8 +66,8 @@ class InMemoryKube(KubeBackend):
         self._on_pod("ADDED", pod)
 
     async def _patch(
-        self, sandbox: Sandbox, metadata: dict[str, Any], conditional: bool = True
-    ) -> Sandbox | None:
+        self, sandbox: SandboxPod, metadata: dict[str, Any], conditional: bool = True
+    ) -> SandboxPod | None:
         pod = self.pods[sandbox.key]
         if conditional and pod["metadata"]["resourceVersion"] != sandbox.resource_version:
             return None
@@ -78,7 +78,7 @@ class InMemoryKube(KubeBackend):
         self._on_pod("MODIFIED", pod)
         return self.index.get(sandbox.key)
 
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         return await self._patch(sandbox, lease_metadata(lease))
 
 

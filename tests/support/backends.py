@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import Sandbox, image_key
+from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.core.warm_index import WarmIndex
 from sandfleet.gateway.backend import PoolInfo, SandboxIndex
 from sandfleet.gateway.leasing import LeaseRequest
@@ -33,16 +33,16 @@ class MemoryBackend:
         self.unclaimed: list[str] = []
 
     @property
-    def listeners(self) -> list[Callable[[Sandbox], None]]:
+    def listeners(self) -> list[Callable[[SandboxPod], None]]:
         return self.items.listeners
 
     @listeners.setter
-    def listeners(self, listeners: list[Callable[[Sandbox], None]]) -> None:
+    def listeners(self, listeners: list[Callable[[SandboxPod], None]]) -> None:
         self.items.listeners = listeners
 
     def add(self, name: str, region: str = "us-east1", image: str = "img") -> None:
         self.version += 1
-        sandbox = Sandbox("ns", name, "python", region, str(self.version), api.LEASE_FREE,
+        sandbox = SandboxPod("ns", name, "python", region, str(self.version), api.LEASE_FREE,
                           True, False, "127.0.0.1", 1, None, image_key=image_key(image))  # fmt: skip
         self.items.put(sandbox)
 
@@ -52,22 +52,22 @@ class MemoryBackend:
     def pools(self) -> list[PoolInfo]:
         return [POOL]
 
-    def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
+    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
         return list(self.items.values())
 
-    def sandbox(self, lease_id: str) -> Sandbox | None:
+    def sandbox(self, lease_id: str) -> SandboxPod | None:
         return self.items.get(lease_id)
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
         return self.items.warm(pool, image_key)
 
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         return self.items.leased_with_key(holder, idempotency_key)
 
-    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         self.items.subscribe(on_change)
 
-    async def _write(self, sandbox: Sandbox, state: str, lease: LeaseRecord | None) -> Sandbox | None:
+    async def _write(self, sandbox: SandboxPod, state: str, lease: LeaseRecord | None) -> SandboxPod | None:
         await asyncio.sleep(self.random.random() / 1000)
         current = self.items.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
@@ -83,22 +83,22 @@ class MemoryBackend:
         self.items[sandbox.key] = updated
         return updated
 
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         return await self._write(sandbox, api.LEASE_LEASED, lease)
 
-    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         return await self._write(sandbox, api.LEASE_LEASED, lease)
 
-    async def unclaim(self, sandbox: Sandbox) -> None:
+    async def unclaim(self, sandbox: SandboxPod) -> None:
         self.unclaimed.append(sandbox.key)
         if await self._write(sandbox, api.LEASE_FREE, None) is not None:
             self.items.notify(self.items[sandbox.key])
 
-    async def release(self, sandbox: Sandbox) -> None:
+    async def release(self, sandbox: SandboxPod) -> None:
         current = self.items[sandbox.key]
         await self._write(current, api.LEASE_RELEASED, current.lease)
 
-    async def fresh(self, lease_id: str) -> Sandbox | None:
+    async def fresh(self, lease_id: str) -> SandboxPod | None:
         return self.items.get(lease_id)
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from statistics import median
 from typing import Any
 
-from sandfleet.core.model import Node, Sandbox, object_key
+from sandfleet.core.model import Node, SandboxPod, object_key
 from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, startup_phases
 from sandfleet.core.resources import Resources
 
@@ -30,10 +30,10 @@ class ClusterCache:
     def __init__(
         self,
         on_pool_change: Callable[[str], None],
-        on_started: Callable[[str, Sandbox, dict[str, float]], None] | None = None,
+        on_started: Callable[[str, SandboxPod, dict[str, float]], None] | None = None,
         on_leased: Callable[[str], None] | None = None,
     ) -> None:
-        self.sandboxes: dict[str, dict[str, Sandbox]] = {}
+        self.sandboxes: dict[str, dict[str, SandboxPod]] = {}
         self.nodes: dict[str, Node] = {}
         self.usage: dict[str, Resources] = {}
         self.pods_synced = asyncio.Event()
@@ -154,7 +154,7 @@ class ClusterCache:
     def synced(self) -> bool:
         return self.pods_synced.is_set() and self.nodes_synced.is_set()
 
-    def pool_sandboxes(self, pool_key: str) -> list[Sandbox]:
+    def pool_sandboxes(self, pool_key: str) -> list[SandboxPod]:
         return list(self.sandboxes.get(pool_key, {}).values())
 
     def spinup_seconds(self, pool_key: str) -> float | None:
@@ -170,7 +170,7 @@ class ClusterCache:
         return list(times)
 
 
-def _differs(a: Sandbox, b: Sandbox) -> bool:
+def _differs(a: SandboxPod, b: SandboxPod) -> bool:
     return (a.ready, a.state, a.node, a.terminating, a.broken, a.lease_expires_at) != (
         b.ready,
         b.state,

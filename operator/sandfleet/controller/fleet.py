@@ -17,7 +17,14 @@ from sandfleet.controller.kube import Kube, KubeError
 from sandfleet.controller.leader import LeaderElector
 from sandfleet.core import api
 from sandfleet.core.autoscale import AutoscaleState, desired_replicas
-from sandfleet.core.model import PoolSpec, Prewarm, Sandbox, image_key, pool_from_object, prewarm_from_object
+from sandfleet.core.model import (
+    PoolSpec,
+    Prewarm,
+    SandboxPod,
+    image_key,
+    pool_from_object,
+    prewarm_from_object,
+)
 from sandfleet.core.placement import region_capacity
 from sandfleet.core.planner import (
     FAILURE_REASONS,
@@ -76,7 +83,7 @@ class PoolWorker:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     failures: FailureState = field(default_factory=FailureState)
     autoscale: AutoscaleState = field(default_factory=AutoscaleState)
-    expected_creates: dict[str, Sandbox] = field(default_factory=dict)
+    expected_creates: dict[str, SandboxPod] = field(default_factory=dict)
     expected_deletes: dict[str, float] = field(default_factory=dict)
     last_status: dict[str, Any] | None = None
     last_status_at: float = 0.0
@@ -188,7 +195,7 @@ class Operator:
         if worker is not None:
             worker.wake.set()
 
-    def _sandbox_started(self, pool_key: str, sandbox: Sandbox, phases: dict[str, float]) -> None:
+    def _sandbox_started(self, pool_key: str, sandbox: SandboxPod, phases: dict[str, float]) -> None:
         pool = pool_key.partition("/")[2]
         for phase, seconds in phases.items():
             metrics.STARTUP_SECONDS.labels(pool, sandbox.region, phase).observe(seconds)
@@ -248,7 +255,7 @@ class Operator:
                 groups.append(WarmGroup(spec.template.with_image(image), count, prewarm=True))
         return groups
 
-    def _observed(self, worker: PoolWorker, now: float) -> list[Sandbox]:
+    def _observed(self, worker: PoolWorker, now: float) -> list[SandboxPod]:
         """What the watch shows, corrected by our own writes it has not shown yet (expectations)."""
         seen = {s.name: s for s in self.cache.pool_sandboxes(worker.spec.key)}
         for name, sandbox in list(worker.expected_creates.items()):
@@ -316,7 +323,7 @@ class Operator:
     async def _create(self, worker: PoolWorker, create: Create, group: WarmGroup, now: float) -> None:
         spec = worker.spec
         name = f"{spec.name[:40]}-{secrets.token_hex(4)}"
-        sandbox = Sandbox(
+        sandbox = SandboxPod(
             namespace=spec.namespace,
             name=name,
             pool=spec.name,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 
 KeyOwner = tuple[str, str]  # (holder, idempotency key)
 
@@ -20,10 +20,10 @@ class LeaseKeys:
     """Sandboxes by the idempotency key of the lease on them, so a retried acquire is O(1), not a scan."""
 
     def __init__(self) -> None:
-        self._by_key: dict[KeyOwner, dict[str, Sandbox]] = {}
+        self._by_key: dict[KeyOwner, dict[str, SandboxPod]] = {}
         self._owner: dict[str, KeyOwner] = {}  # sandbox key -> where it is filed
 
-    def update(self, sandbox: Sandbox) -> None:
+    def update(self, sandbox: SandboxPod) -> None:
         """A sandbox was added or changed: file it under its lease's key (or nowhere)."""
         self.remove(sandbox.key)
         lease = sandbox.lease
@@ -45,6 +45,6 @@ class LeaseKeys:
         self._by_key.clear()
         self._owner.clear()
 
-    def find(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+    def find(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         """The sandboxes whose current lease was acquired by `holder` with `idempotency_key`."""
         return list(self._by_key.get(key_owner(holder, idempotency_key), {}).values())

@@ -178,11 +178,12 @@ def split_lease_id(value: str) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
-class Sandbox:
+class SandboxPod:
     """One sandbox Pod: what the operator plans with and what the gateway leases and reaches.
 
-    Read from a Pod by `sandfleet.core.pods.sandbox_from_pod`, or made by the operator for a Pod it
-    has just created.
+    Read from a Pod by `sandfleet.core.pods.sandbox_from_pod`, made by the operator for a Pod it has
+    just created, or by the local backend for a runsc sandbox. The client's handle to a leased
+    sandbox is `sandfleet.client.Sandbox`.
     """
 
     namespace: str

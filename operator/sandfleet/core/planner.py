@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
 from sandfleet.core.leases import lease_expired
-from sandfleet.core.model import PoolSpec, RegionSpec, Sandbox, Template
+from sandfleet.core.model import PoolSpec, RegionSpec, SandboxPod, Template
 from sandfleet.core.placement import RegionCapacity, ideal_split, pick_zones, split_target
 
 # Consecutive sandboxes that never got Ready before the pool is Degraded and replacements back off.
@@ -153,9 +153,9 @@ class _Region:
 
     leased: int = 0
     failed: int = 0
-    ready: dict[str, list[Sandbox]] = field(default_factory=dict)
-    starting: dict[str, list[Sandbox]] = field(default_factory=dict)
-    standins: list[Sandbox] = field(default_factory=list)
+    ready: dict[str, list[SandboxPod]] = field(default_factory=dict)
+    starting: dict[str, list[SandboxPod]] = field(default_factory=dict)
+    standins: list[SandboxPod] = field(default_factory=list)
     zones: Counter[str] = field(default_factory=Counter)
     planned: int = 0
 
@@ -169,7 +169,7 @@ class _Region:
 def plan_pool(
     pool: PoolSpec,
     groups: Sequence[WarmGroup],
-    sandboxes: Sequence[Sandbox],
+    sandboxes: Sequence[SandboxPod],
     capacity: Mapping[str, RegionCapacity],
     nodes_ready: Mapping[str, bool],
     failures: FailureState,
@@ -223,7 +223,7 @@ class _Rules:
 
 
 def _classify(
-    sandboxes: Sequence[Sandbox], regions: dict[str, _Region], rules: _Rules, base: str | None
+    sandboxes: Sequence[SandboxPod], regions: dict[str, _Region], rules: _Rules, base: str | None
 ) -> _Observed:
     """Count each sandbox in its region (`regions`, filled here), or say why it goes now."""
     deletes: list[Delete] = []
@@ -243,7 +243,7 @@ def _classify(
     return _Observed(regions, tuple(deletes), failed_now)
 
 
-def _classify_one(sandbox: Sandbox, region: _Region | None, rules: _Rules) -> Delete | None:
+def _classify_one(sandbox: SandboxPod, region: _Region | None, rules: _Rules) -> Delete | None:
     """Why `sandbox` goes now, or None once it is counted in `region`."""
     now, deadline = rules.now, rules.deadline
     if sandbox.state == api.LEASE_RELEASED:
@@ -513,7 +513,7 @@ def _region_statuses(
     )
 
 
-def _newest_first(sandboxes: Sequence[Sandbox]) -> list[Sandbox]:
+def _newest_first(sandboxes: Sequence[SandboxPod]) -> list[SandboxPod]:
     return sorted(sandboxes, key=lambda s: (s.created_at, s.name), reverse=True)
 
 

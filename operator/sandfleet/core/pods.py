@@ -13,7 +13,7 @@ from sandfleet.core.model import (
     PREWARM_LABEL,
     Node,
     PoolSpec,
-    Sandbox,
+    SandboxPod,
     Taint,
     Template,
     image_key,
@@ -182,8 +182,8 @@ def _is_broken(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
-    """The Sandbox a Pod is, or None for a Pod without a pool label (not a sandbox).
+def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
+    """The SandboxPod reading of a Pod, or None for a Pod without a pool label (not a sandbox).
 
     The one reading of a sandbox Pod, for the operator (which plans only `managed` ones) and the
     gateway alike. A missing lease-state label reads as no state at all: neither free (so never
@@ -201,7 +201,7 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> Sandbox | None:
     # A Pod that is no longer Running (finished, or its node unknown) must not be leased even while
     # its last Ready condition still says True.
     is_ready = bool(ready and ready.get("status") == "True") and status.get("phase") == "Running"
-    return Sandbox(
+    return SandboxPod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         pool=str(pool),

@@ -6,12 +6,12 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable
 
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 
 
 def pick_warm(
-    candidates: Iterable[Sandbox], regions: tuple[str, ...], skip: frozenset[str] = frozenset()
-) -> list[Sandbox]:
+    candidates: Iterable[SandboxPod], regions: tuple[str, ...], skip: frozenset[str] = frozenset()
+) -> list[SandboxPod]:
     """Warm sandboxes in the order a lease should try them: preferred regions first, then the rest.
 
     Within a region the oldest goes first, so warm sandboxes turn over instead of aging.
@@ -43,7 +43,7 @@ class WarmIndex:
     """
 
     def __init__(self) -> None:
-        self._live: dict[str, Sandbox] = {}
+        self._live: dict[str, SandboxPod] = {}
         self._tokens: dict[str, int] = {}  # key -> the token of its one live heap entry
         self._heaps: dict[str, list[_Entry]] = {}  # region -> entries
         self._entries = 0  # live and dead, across the heaps
@@ -55,14 +55,14 @@ class WarmIndex:
     def __contains__(self, key: object) -> bool:
         return key in self._live
 
-    def get(self, key: str) -> Sandbox | None:
+    def get(self, key: str) -> SandboxPod | None:
         return self._live.get(key)
 
-    def sandboxes(self) -> list[Sandbox]:
+    def sandboxes(self) -> list[SandboxPod]:
         """Every sandbox in the index, in no particular order."""
         return list(self._live.values())
 
-    def put(self, sandbox: Sandbox) -> None:
+    def put(self, sandbox: SandboxPod) -> None:
         """Add or replace the sandbox's entry (by key); one that is not warm leaves the index."""
         if not sandbox.warm:
             self.discard(sandbox.key)
@@ -99,8 +99,8 @@ class WarmIndex:
         self,
         count: int,
         regions: tuple[str, ...] = (),
-        skip: Callable[[Sandbox], bool] | None = None,
-    ) -> list[Sandbox]:
+        skip: Callable[[SandboxPod], bool] | None = None,
+    ) -> list[SandboxPod]:
         """Remove and return up to `count` sandboxes in lease order (see `pick_warm`).
 
         Preferred `regions` first, in their order, then every other region merged oldest first.
@@ -108,7 +108,7 @@ class WarmIndex:
         """
         rank = preference_rank(regions)
         preferred = list(rank)  # in rank order: dicts keep insertion order
-        taken: list[Sandbox] = []
+        taken: list[SandboxPod] = []
         passed: list[_Entry] = []
         try:
             for region in preferred:
@@ -139,8 +139,8 @@ class WarmIndex:
     def _hand_out(
         self,
         entry: _Entry,
-        skip: Callable[[Sandbox], bool] | None,
-        taken: list[Sandbox],
+        skip: Callable[[SandboxPod], bool] | None,
+        taken: list[SandboxPod],
         passed: list[_Entry],
     ) -> None:
         key = entry[2]
@@ -199,14 +199,14 @@ class WarmShelves:
             index = self._shelves[(pool, image_key)] = WarmIndex()
         return index
 
-    def update(self, sandbox: Sandbox) -> None:
+    def update(self, sandbox: SandboxPod) -> None:
         """A sandbox was added or changed (its pool and image never change)."""
         if sandbox.warm:
             self.shelf(sandbox.pool, sandbox.image_key).put(sandbox)
         else:
             self.remove(sandbox)
 
-    def remove(self, sandbox: Sandbox) -> None:
+    def remove(self, sandbox: SandboxPod) -> None:
         index = self._shelves.get((sandbox.pool, sandbox.image_key))
         if index is not None:
             index.discard(sandbox.key)

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import RegionSpec, Sandbox
+from sandfleet.core.model import RegionSpec, SandboxPod
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 
 
@@ -41,11 +41,11 @@ class Backend(Protocol):
 
     def pools(self) -> list[PoolInfo]: ...
 
-    def sandboxes(self, pool: str | None = None) -> list[Sandbox]: ...
+    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]: ...
 
-    def sandbox(self, lease_id: str) -> Sandbox | None: ...
+    def sandbox(self, lease_id: str) -> SandboxPod | None: ...
 
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         """Sandboxes whose lease `holder` acquired with `idempotency_key` (any state), from an index."""
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
@@ -56,29 +56,29 @@ class Backend(Protocol):
         backend's to apply.
         """
 
-    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         """Call `on_change` whenever a sandbox is added or changes (e.g. becomes warm)."""
 
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         """Put `lease` on `sandbox` if nobody changed it since it was read; None if somebody did."""
 
-    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         """Replace the lease on a leased sandbox (renewal), conditionally like `claim`."""
 
-    async def unclaim(self, sandbox: Sandbox) -> None:
+    async def unclaim(self, sandbox: SandboxPod) -> None:
         """Take back a claim nobody received: warm again, unless somebody wrote it since."""
 
-    async def release(self, sandbox: Sandbox) -> None:
+    async def release(self, sandbox: SandboxPod) -> None:
         """Mark the sandbox released; the runtime destroys it off the critical path."""
 
-    async def fresh(self, lease_id: str) -> Sandbox | None:
+    async def fresh(self, lease_id: str) -> SandboxPod | None:
         """Read one sandbox from the source of truth (not the index), None if it is gone."""
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
         """Ask for `count` warm sandboxes of `image` for a while; the name of what was written."""
 
 
-class SandboxIndex(MutableMapping[str, Sandbox]):
+class SandboxIndex(MutableMapping[str, SandboxPod]):
     """Every backend's index: sandboxes by lease id, by pool, on warm shelves and by idempotency key.
 
     Storing (`index[key] = sandbox`) and deleting keep every view in step, silently, as a watch
@@ -86,13 +86,13 @@ class SandboxIndex(MutableMapping[str, Sandbox]):
     """
 
     def __init__(self) -> None:
-        self._by_key: dict[str, Sandbox] = {}
-        self._by_pool: dict[str, dict[str, Sandbox]] = {}  # so a lease scans its pool, not all
+        self._by_key: dict[str, SandboxPod] = {}
+        self._by_pool: dict[str, dict[str, SandboxPod]] = {}  # so a lease scans its pool, not all
         self.shelves = WarmShelves()  # so a lease touches only the sandboxes it takes
         self.lease_keys = LeaseKeys()  # so a retried acquire does not scan every sandbox
-        self.listeners: list[Callable[[Sandbox], None]] = []
+        self.listeners: list[Callable[[SandboxPod], None]] = []
 
-    def __getitem__(self, key: str) -> Sandbox:
+    def __getitem__(self, key: str) -> SandboxPod:
         return self._by_key[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -101,7 +101,7 @@ class SandboxIndex(MutableMapping[str, Sandbox]):
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def __setitem__(self, key: str, sandbox: Sandbox) -> None:
+    def __setitem__(self, key: str, sandbox: SandboxPod) -> None:
         if key != sandbox.key:
             raise KeyError(f"sandbox {sandbox.key!r} stored under {key!r}")
         previous = self._by_key.get(key)
@@ -118,7 +118,7 @@ class SandboxIndex(MutableMapping[str, Sandbox]):
         self.shelves.remove(sandbox)
         self.lease_keys.remove(key)
 
-    def _forget_in_pool(self, sandbox: Sandbox) -> None:
+    def _forget_in_pool(self, sandbox: SandboxPod) -> None:
         members = self._by_pool.get(sandbox.pool)
         if members is not None:
             members.pop(sandbox.key, None)
@@ -131,19 +131,19 @@ class SandboxIndex(MutableMapping[str, Sandbox]):
         self.shelves.clear()
         self.lease_keys.clear()
 
-    def put(self, sandbox: Sandbox) -> Sandbox:
+    def put(self, sandbox: SandboxPod) -> SandboxPod:
         """Store `sandbox` and tell the listeners."""
         self[sandbox.key] = sandbox
         self.notify(sandbox)
         return sandbox
 
-    def notify(self, sandbox: Sandbox) -> None:
+    def notify(self, sandbox: SandboxPod) -> None:
         for listener in self.listeners:
             listener(sandbox)
 
     # -- the Backend's reads -------------------------------------------------------------------
 
-    def in_pool(self, pool: str | None = None) -> list[Sandbox]:
+    def in_pool(self, pool: str | None = None) -> list[SandboxPod]:
         if pool is None:
             return list(self._by_key.values())
         return list(self._by_pool.get(pool, {}).values())
@@ -151,8 +151,8 @@ class SandboxIndex(MutableMapping[str, Sandbox]):
     def warm(self, pool: str, image_key: str) -> WarmIndex:
         return self.shelves.shelf(pool, image_key)
 
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         return self.lease_keys.find(holder, idempotency_key)
 
-    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         self.listeners.append(on_change)

@@ -12,7 +12,7 @@ from typing import Any
 
 from sandfleet.core import api, model
 from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
-from sandfleet.core.model import Sandbox, image_key, split_lease_id
+from sandfleet.core.model import SandboxPod, image_key, split_lease_id
 from sandfleet.core.pods import sandbox_from_pod
 from sandfleet.core.warm_index import WarmIndex
 from sandfleet.gateway.backend import PoolInfo, SandboxIndex
@@ -61,7 +61,7 @@ class KubeBackend:
         self.index = SandboxIndex()
         self._pools: dict[str, PoolInfo] = {}
         # What a (re)list has shown so far: swapped in whole when it ends, so readers never see half.
-        self._listed_pods: dict[str, Sandbox] | None = None
+        self._listed_pods: dict[str, SandboxPod] | None = None
         self._listed_pools: dict[str, PoolInfo] | None = None
         self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -82,41 +82,41 @@ class KubeBackend:
     def pools(self) -> list[PoolInfo]:
         return sorted(self._pools.values(), key=lambda p: p.name)
 
-    def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
+    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
         return self.index.in_pool(pool)
 
-    def sandbox(self, lease_id: str) -> Sandbox | None:
+    def sandbox(self, lease_id: str) -> SandboxPod | None:
         return self.index.get(lease_id)
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
         return self.index.warm(pool, image_key)
 
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         return self.index.leased_with_key(holder, idempotency_key)
 
-    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         self.index.subscribe(on_change)
 
     # -- Backend: conditional writes -----------------------------------------------------------
 
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         return await self._patch(sandbox, lease_metadata(lease))
 
-    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         return await self._patch(sandbox, lease_metadata(lease))
 
-    async def unclaim(self, sandbox: Sandbox) -> None:
+    async def unclaim(self, sandbox: SandboxPod) -> None:
         # Conditional on the claim's own version: if anybody wrote since (a retry of the same
         # request adopted the lease through another replica), the lease is theirs and stays.
         with contextlib.suppress(KubeError):
             await self._patch(sandbox, unclaim_metadata())
 
-    async def release(self, sandbox: Sandbox) -> None:
+    async def release(self, sandbox: SandboxPod) -> None:
         # Unconditional: releasing twice, or after a renewal elsewhere, must still release.
         with contextlib.suppress(KubeError):
             await self._patch(sandbox, release_metadata(), conditional=False)
 
-    async def fresh(self, lease_id: str) -> Sandbox | None:
+    async def fresh(self, lease_id: str) -> SandboxPod | None:
         parts = split_lease_id(lease_id)
         if parts is None or parts[0] != self.namespace:
             return None
@@ -132,8 +132,8 @@ class KubeBackend:
         return found
 
     async def _patch(
-        self, sandbox: Sandbox, metadata: dict[str, Any], conditional: bool = True
-    ) -> Sandbox | None:
+        self, sandbox: SandboxPod, metadata: dict[str, Any], conditional: bool = True
+    ) -> SandboxPod | None:
         body: dict[str, Any] = {"metadata": dict(metadata)}
         if conditional:
             # The precondition that makes a claim atomic: a stale resourceVersion is a 409.
@@ -268,7 +268,7 @@ class KubeBackend:
             self._upsert(sandbox)
         self._pods_synced.set()
 
-    def _upsert(self, sandbox: Sandbox) -> None:
+    def _upsert(self, sandbox: SandboxPod) -> None:
         known = self.index.get(sandbox.key)
         if known is not None and _newer(known.resource_version, sandbox.resource_version):
             return  # a late watch event must not roll back what a write already told us

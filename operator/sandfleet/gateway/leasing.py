@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from sandfleet.core import api
 from sandfleet.core.lease_keys import KeyOwner, key_owner
 from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
-from sandfleet.core.model import Sandbox, image_key
+from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_order
 from sandfleet.core.quotas import CapacityError, Quotas, check_group, check_leases, check_prefetch
 from sandfleet.core.warm_index import Shelf
@@ -82,7 +82,7 @@ MAX_STALE = 100_000  # lost claims remembered (a deleted Pod's entry would other
 class Granted:
     """Leases handed out, with where the time went."""
 
-    leases: list[tuple[LeaseRecord, Sandbox]]
+    leases: list[tuple[LeaseRecord, SandboxPod]]
     queue_seconds: float  # waiting, less the boot time below
     claim_seconds: float
     position: int  # place in the queue on arrival; 0 when served at once
@@ -105,12 +105,12 @@ class _Waiter:
     shelf: Shelf
     ttl: int
     arrived: float
-    future: asyncio.Future[list[tuple[LeaseRecord, Sandbox]]]
-    got: list[tuple[LeaseRecord, Sandbox]] = field(default_factory=list)
+    future: asyncio.Future[list[tuple[LeaseRecord, SandboxPod]]]
+    got: list[tuple[LeaseRecord, SandboxPod]] = field(default_factory=list)
     claim_seconds: float = 0.0
     abandoned: bool = False  # its wait ran out
     cancelled: bool = False  # its caller went away: whatever it gets goes back to warm
-    in_flight: list[Sandbox] = field(default_factory=list)  # claims being written for it now
+    in_flight: list[SandboxPod] = field(default_factory=list)  # claims being written for it now
 
     @property
     def missing(self) -> int:
@@ -225,7 +225,9 @@ class LeaseService:
                 shared.task.cancel()
                 await asyncio.wait({shared.task})  # it has left the queue when we return
 
-    async def _adopt(self, found: list[tuple[LeaseRecord, Sandbox]]) -> list[tuple[LeaseRecord, Sandbox]]:
+    async def _adopt(
+        self, found: list[tuple[LeaseRecord, SandboxPod]]
+    ) -> list[tuple[LeaseRecord, SandboxPod]]:
         """Hand earlier leases to a retry only after a conditional write (a renewal) on each.
 
         The gateway that claimed them may be un-claiming them because the first attempt's client
@@ -243,7 +245,7 @@ class LeaseService:
         if self._by_idempotency_key.get(key) is shared:
             del self._by_idempotency_key[key]
 
-    def _leases_with_key(self, idempotency_key: str, holder: str) -> list[tuple[LeaseRecord, Sandbox]]:
+    def _leases_with_key(self, idempotency_key: str, holder: str) -> list[tuple[LeaseRecord, SandboxPod]]:
         # An expired lease is not handed back: its sandbox is being reaped, so a retry gets a new one.
         now = self.clock()
         found = []
@@ -298,7 +300,7 @@ class LeaseService:
             self._held.pop(holder, None)
         return len(keys)
 
-    def _track_holder(self, sandbox: Sandbox) -> None:
+    def _track_holder(self, sandbox: SandboxPod) -> None:
         lease = sandbox.lease
         holder = lease.holder if lease is not None and sandbox.state == api.LEASE_LEASED else None
         known = self._holder_of.get(sandbox.key)
@@ -343,7 +345,7 @@ class LeaseService:
         return Granted(leases, waited - boot, waiter.claim_seconds, position - 1, boot)
 
     def _boot_seconds(
-        self, waiter: _Waiter, leases: list[tuple[LeaseRecord, Sandbox]], waited: float
+        self, waiter: _Waiter, leases: list[tuple[LeaseRecord, SandboxPod]], waited: float
     ) -> float:
         """The part of a wait spent on sandboxes being created (a group waits for its slowest)."""
         granted = waiter.arrived + waited
@@ -355,7 +357,7 @@ class LeaseService:
 
     async def _give_up(
         self, queue: _PoolQueue, waiter: _Waiter, eta_each: float
-    ) -> list[tuple[LeaseRecord, Sandbox]]:
+    ) -> list[tuple[LeaseRecord, SandboxPod]]:
         waiter.abandoned = True
         if waiter in queue.waiters:
             position = list(queue.waiters).index(waiter) + 1
@@ -377,7 +379,7 @@ class LeaseService:
             return
         warm = self.backend.warm(*shelf)
 
-        def skip(sandbox: Sandbox) -> bool:
+        def skip(sandbox: SandboxPod) -> bool:
             # Taken sandboxes leave the index, so these are only the few an event brought back
             # while their claim is still in flight, or whose version a claim just lost on.
             return sandbox.key in queue.claiming or self._stale.get(sandbox.key) == sandbox.resource_version
@@ -425,7 +427,7 @@ class LeaseService:
             queue.wake = None
             self._dispatch(shelf)
 
-    async def _claim_for(self, queue: _PoolQueue, waiter: _Waiter, chosen: list[Sandbox]) -> None:
+    async def _claim_for(self, queue: _PoolQueue, waiter: _Waiter, chosen: list[SandboxPod]) -> None:
         started = time.monotonic()
         now = self.clock()
         attempts = [self._lease_for(waiter, sandbox, now) for sandbox in chosen]
@@ -441,7 +443,7 @@ class LeaseService:
         waiter.in_flight = []
         failure: BaseException | None = None
         for sandbox, lease, result in zip(chosen, attempts, results, strict=True):
-            if isinstance(result, Sandbox):
+            if isinstance(result, SandboxPod):
                 waiter.got.append((lease, result))
                 self._track_holder(result)
                 continue
@@ -476,7 +478,7 @@ class LeaseService:
             queue.waiters.appendleft(waiter)  # lost a race: keep its place at the head
         self._dispatch(waiter.shelf)
 
-    def _lease_for(self, waiter: _Waiter, sandbox: Sandbox, now: float) -> LeaseRecord:
+    def _lease_for(self, waiter: _Waiter, sandbox: SandboxPod, now: float) -> LeaseRecord:
         request = waiter.request
         return LeaseRecord(
             id=sandbox.key,
@@ -505,7 +507,7 @@ class LeaseService:
         elif waiter.future.done() and not waiter.future.cancelled() and not waiter.future.exception():
             self._give_back(waiter.future.result())  # granted in the very step it was cancelled
 
-    def _give_back(self, leases: list[tuple[LeaseRecord, Sandbox]]) -> asyncio.Future[None]:
+    def _give_back(self, leases: list[tuple[LeaseRecord, SandboxPod]]) -> asyncio.Future[None]:
         """Un-claim sandboxes nobody received, in a task of its own (a cancelled caller can't wait)."""
         keys = {sandbox.key for _, sandbox in leases}
         self._disowned.update(keys)
@@ -521,11 +523,11 @@ class LeaseService:
         task.add_done_callback(self._claims.discard)
         return task
 
-    async def _unclaim(self, sandbox: Sandbox) -> None:
+    async def _unclaim(self, sandbox: SandboxPod) -> None:
         with contextlib.suppress(Exception):
             await self.backend.unclaim(sandbox)
 
-    def _on_change(self, sandbox: Sandbox) -> None:
+    def _on_change(self, sandbox: SandboxPod) -> None:
         self._track_holder(sandbox)
         if self._stale.get(sandbox.key, sandbox.resource_version) != sandbox.resource_version:
             del self._stale[sandbox.key]  # the version a claim lost on has been superseded
@@ -551,7 +553,7 @@ class LeaseService:
 
     # -- the lease's life ----------------------------------------------------------------------
 
-    async def current(self, lease_id: str, holder: str | None = None) -> tuple[LeaseRecord, Sandbox]:
+    async def current(self, lease_id: str, holder: str | None = None) -> tuple[LeaseRecord, SandboxPod]:
         """The live lease and its sandbox, or UnknownName / LeaseGone / NotTheHolder saying why not."""
         sandbox = self.backend.sandbox(lease_id)
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
@@ -607,7 +609,7 @@ class LeaseService:
 
     def leases(
         self, pool: str | None = None, run: str | None = None, holder: str | None = None
-    ) -> list[tuple[LeaseRecord, Sandbox]]:
+    ) -> list[tuple[LeaseRecord, SandboxPod]]:
         now = self.clock()
         found = []
         for sandbox in self.backend.sandboxes(pool):

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError, LeaseRecord
-from sandfleet.core.model import LeaseSpec, Sandbox, image_key
+from sandfleet.core.model import LeaseSpec, SandboxPod, image_key
 from sandfleet.core.warm_index import WarmIndex
 from sandfleet.gateway.backend import PoolInfo, SandboxIndex
 from sandfleet.local.pool import WarmPool
@@ -61,7 +61,7 @@ class LocalBackend:
         self.warm_pool = WarmPool(runtime, warm, on_ready=self._on_ready, on_retire=self._on_retired)
         self.index = SandboxIndex()
         self._local: dict[str, RunscSandbox] = {}
-        self._ended: OrderedDict[str, Sandbox] = OrderedDict()
+        self._ended: OrderedDict[str, SandboxPod] = OrderedDict()
         self._versions = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
         self._prefetch_reset: asyncio.TimerHandle | None = None
@@ -93,27 +93,27 @@ class LocalBackend:
     def pools(self) -> list[PoolInfo]:
         return [self.info]
 
-    def sandboxes(self, pool: str | None = None) -> list[Sandbox]:
+    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
         return self.index.in_pool(pool)
 
-    def sandbox(self, lease_id: str) -> Sandbox | None:
+    def sandbox(self, lease_id: str) -> SandboxPod | None:
         return self.index.get(lease_id) or self._ended.get(lease_id)
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
         return self.index.warm(pool, image_key)
 
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[Sandbox]:
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         return self.index.leased_with_key(holder, idempotency_key)
 
-    def subscribe(self, on_change: Callable[[Sandbox], None]) -> None:
+    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         self.index.subscribe(on_change)
 
-    async def fresh(self, lease_id: str) -> Sandbox | None:
+    async def fresh(self, lease_id: str) -> SandboxPod | None:
         return self.sandbox(lease_id)
 
     # -- Backend: writes -----------------------------------------------------------------------
 
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
@@ -121,20 +121,20 @@ class LocalBackend:
             return None
         return self._store(replace(current, state=api.LEASE_LEASED, lease=lease))
 
-    async def write_lease(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
         return self._store(replace(current, lease=lease))
 
-    async def unclaim(self, sandbox: Sandbox) -> None:
+    async def unclaim(self, sandbox: SandboxPod) -> None:
         current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return  # written since (a retry adopted it): the lease stays
         self.warm_pool.put_back(self._local[sandbox.key])
         self._store(replace(current, state=api.LEASE_FREE, lease=None))
 
-    async def release(self, sandbox: Sandbox) -> None:
+    async def release(self, sandbox: SandboxPod) -> None:
         self._end(sandbox.key, api.LEASE_RELEASED)
 
     def _end(self, key: str, state: str) -> None:
@@ -169,7 +169,7 @@ class LocalBackend:
         key = f"{NAMESPACE}.{local.id}"
         self._local[key] = local
         self._store(
-            Sandbox(
+            SandboxPod(
                 namespace=NAMESPACE,
                 name=local.id,
                 pool=self.info.name,
@@ -207,7 +207,7 @@ class LocalBackend:
         self.index.pop(key, None)
         self._local.pop(key, None)
 
-    def _store(self, sandbox: Sandbox) -> Sandbox:
+    def _store(self, sandbox: SandboxPod) -> SandboxPod:
         return self.index.put(replace(sandbox, resource_version=str(next(self._versions))))
 
     async def _reap_forever(self) -> None:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Image references are printable ASCII without spaces (and the same in JSON Schema and Python
@@ -116,7 +116,7 @@ class LeaseView(BaseModel):
     idempotency_key: str | None
 
     @classmethod
-    def of(cls, lease: LeaseRecord, sandbox: Sandbox) -> LeaseView:
+    def of(cls, lease: LeaseRecord, sandbox: SandboxPod) -> LeaseView:
         return cls(
             id=lease.id,
             pool=lease.pool,

@@ -19,7 +19,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandfleet.core.agent_tokens import agent_token
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 
 # Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus our own credentials.
 HOP_HEADERS = {
@@ -90,7 +90,7 @@ class AgentProxy:
     async def close(self) -> None:
         await self.client.aclose()
 
-    def on_change(self, sandbox: Sandbox) -> None:
+    def on_change(self, sandbox: SandboxPod) -> None:
         """A backend's news of a sandbox: if it is gone, end every request in flight to it."""
         if sandbox.terminating or sandbox.address is None:
             self.lost(sandbox.name)

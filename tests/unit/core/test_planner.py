@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import PoolSpec, RegionSpec, Sandbox, Template
+from sandfleet.core.model import PoolSpec, RegionSpec, SandboxPod, Template
 from sandfleet.core.placement import RegionCapacity
 from sandfleet.core.planner import (
     DEGRADED_AFTER_FAILURES,
@@ -52,7 +52,7 @@ def sandbox(
     ready: bool = True,
     lease_expires_at: float | None = None,
     **kw: object,
-) -> Sandbox:
+) -> SandboxPod:
     name = f"sb-{next(_names)}"
     defaults: dict[str, object] = {
         "namespace": "ns",
@@ -69,7 +69,7 @@ def sandbox(
     if lease_expires_at is not None:  # the expiry is the lease record's
         defaults["lease"] = LeaseRecord(f"ns.{name}", "p", "actor", 0.0, lease_expires_at, 60)
     defaults.update(kw)
-    return Sandbox(**defaults)  # type: ignore[arg-type]
+    return SandboxPod(**defaults)  # type: ignore[arg-type]
 
 
 def roomy(slots: int = 1000) -> dict[str, RegionCapacity]:
@@ -80,7 +80,7 @@ def roomy(slots: int = 1000) -> dict[str, RegionCapacity]:
 
 def run(
     p: PoolSpec,
-    sandboxes: Sequence[Sandbox],
+    sandboxes: Sequence[SandboxPod],
     capacity: dict[str, RegionCapacity] | None = None,
     now: float = 100.0,
     failures: FailureState | None = None,
@@ -275,7 +275,7 @@ def _valid(regions: list[RegionSpec], replicas: int) -> list[RegionSpec]:
 def test_never_creates_above_a_regions_maximum(
     regions: list[RegionSpec],
     replicas: int,
-    sandboxes: list[Sandbox],
+    sandboxes: list[SandboxPod],
     capacity: dict[str, RegionCapacity],
     now: float,
 ) -> None:
@@ -296,7 +296,7 @@ def test_never_creates_above_a_regions_maximum(
 def test_never_deletes_a_live_lease(
     regions: list[RegionSpec],
     replicas: int,
-    sandboxes: list[Sandbox],
+    sandboxes: list[SandboxPod],
     capacity: dict[str, RegionCapacity],
     now: float,
 ) -> None:
@@ -307,7 +307,7 @@ def test_never_deletes_a_live_lease(
             assert s.name not in deleted
 
 
-def _apply(result: PoolPlan, sandboxes: list[Sandbox], now: float, template_hash: str) -> list[Sandbox]:
+def _apply(result: PoolPlan, sandboxes: list[SandboxPod], now: float, template_hash: str) -> list[SandboxPod]:
     deleted = {d.name for d in result.deletes}
     kept = [replace(s, ready=True) if s.free else s for s in sandboxes if s.name not in deleted]
     made = [
@@ -317,7 +317,7 @@ def _apply(result: PoolPlan, sandboxes: list[Sandbox], now: float, template_hash
     return [*kept, *made]
 
 
-def _capacity(slots: dict[str, int], sandboxes: list[Sandbox]) -> dict[str, RegionCapacity]:
+def _capacity(slots: dict[str, int], sandboxes: list[SandboxPod]) -> dict[str, RegionCapacity]:
     return {
         r: RegionCapacity(zones={f"{r}-a": max(0, slots[r] - sum(s.region == r for s in sandboxes))})
         for r in REGIONS
@@ -332,7 +332,7 @@ def _capacity(slots: dict[str, int], sandboxes: list[Sandbox]) -> dict[str, Regi
     st.fixed_dictionaries({r: st.integers(0, 50) for r in REGIONS}),
 )
 def test_converges_to_a_quiet_plan_that_meets_targets(
-    regions: list[RegionSpec], replicas: int, sandboxes: list[Sandbox], slots: dict[str, int]
+    regions: list[RegionSpec], replicas: int, sandboxes: list[SandboxPod], slots: dict[str, int]
 ) -> None:
     p = pool(replicas, _valid(regions, replicas))
     now = 300.0

@@ -8,7 +8,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandfleet.core.model import Node, RegionSpec, Sandbox
+from sandfleet.core.model import Node, RegionSpec, SandboxPod
 from sandfleet.core.placement import (
     RegionCapacity,
     ideal_split,
@@ -30,7 +30,7 @@ NAMES = ("us", "eu", "asia")
 def test_the_plan_does_not_depend_on_the_order_things_were_seen(
     regions: list[RegionSpec],
     replicas: int,
-    sandboxes: list[Sandbox],
+    sandboxes: list[SandboxPod],
     capacity: dict[str, RegionCapacity],
     now: float,
     shuffler: object,
@@ -52,7 +52,7 @@ def test_the_plan_does_not_depend_on_the_order_things_were_seen(
 def test_creations_fit_the_free_room_of_their_zone_and_deletions_name_real_sandboxes(
     regions: list[RegionSpec],
     replicas: int,
-    sandboxes: list[Sandbox],
+    sandboxes: list[SandboxPod],
     capacity: dict[str, RegionCapacity],
     now: float,
 ) -> None:

@@ -14,7 +14,7 @@ from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord, lease_expired
 from sandfleet.core.model import (
     PREWARM_LABEL,
-    Sandbox,
+    SandboxPod,
     lease_id,
     object_key,
     parse_time,
@@ -105,7 +105,7 @@ def test_pick_warm_prefers_regions_then_age_and_skips_the_rest(
 
 
 def test_sandbox_is_hashable_plain_data() -> None:
-    assert isinstance(base_sandbox, Sandbox)
+    assert isinstance(base_sandbox, SandboxPod)
 
 
 def test_a_pod_that_is_not_running_is_never_ready_whatever_its_last_condition() -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 from sandfleet.core.warm_index import WarmIndex, WarmShelves, pick_warm
 
 REGIONS = ["us-east1", "europe-west4", "asia-southeast1", ""]
@@ -18,7 +18,7 @@ REGIONS = ["us-east1", "europe-west4", "asia-southeast1", ""]
 
 def sandbox(
     name: str, region: str = "us-east1", created: float = 0.0, version: int = 1, **kw: object
-) -> Sandbox:
+) -> SandboxPod:
     fields: dict[str, object] = {
         "namespace": "ns",
         "name": name,
@@ -35,7 +35,7 @@ def sandbox(
         "image_key": "img",
     }
     fields.update(kw)
-    return Sandbox(**fields)  # type: ignore[arg-type]
+    return SandboxPod(**fields)  # type: ignore[arg-type]
 
 
 def test_take_prefers_regions_then_oldest_then_name() -> None:
@@ -133,7 +133,7 @@ operations = st.lists(
 def test_matches_pick_warm_on_any_sequence_of_changes(ops: list[Put | Discard | Take]) -> None:
     """A model (a dict of current sandboxes, sorted by pick_warm) agrees with the index at every step."""
     index = WarmIndex()
-    model: dict[str, Sandbox] = {}
+    model: dict[str, SandboxPod] = {}
     for version, op in enumerate(ops):
         if isinstance(op, Put):
             s = sandbox(op.name, op.region, op.created, version, state=op.state, ready=op.ready)

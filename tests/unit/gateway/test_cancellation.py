@@ -10,7 +10,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 from sandfleet.gateway.leasing import Granted, LeaseService, WaitTimeout
 from tests.support.backends import MemoryBackend, request
 
@@ -25,7 +25,7 @@ class SlowBackend(MemoryBackend):
         self.claim_seconds = claim_seconds
         self.rivals = rivals
 
-    async def claim(self, sandbox: Sandbox, lease: LeaseRecord) -> Sandbox | None:
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
         await asyncio.sleep(self.claim_seconds)
         if sandbox.key in self.rivals:
             self.version += 1

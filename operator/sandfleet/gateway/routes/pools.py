@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from sandfleet.core import api
-from sandfleet.core.model import Sandbox
+from sandfleet.core.model import SandboxPod
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.gateway.models import PoolList, PoolView, PrefetchRequest, PrefetchResponse
 from sandfleet.gateway.routes.deps import Authed, PartsDep
@@ -13,7 +13,7 @@ from sandfleet.gateway.routes.deps import Authed, PartsDep
 router = APIRouter(tags=["pools"])
 
 
-def pool_view(pool: PoolInfo, sandboxes: list[Sandbox], waiting: int) -> PoolView:
+def pool_view(pool: PoolInfo, sandboxes: list[SandboxPod], waiting: int) -> PoolView:
     """A pool as listed: its spec, and how many of its sandboxes are warm and leased."""
     return PoolView(
         name=pool.name,
