@@ -10,14 +10,13 @@ from dataclasses import replace
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod, image_key
-from sandfleet.core.warm_index import WarmIndex
-from sandfleet.gateway.backend import PoolInfo, SandboxIndex
+from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.gateway.leasing import LeaseRequest
 
 POOL = PoolInfo("ns", "python", 60, 600, ("us-east1", "europe-west4"), "img")
 
 
-class MemoryBackend:
+class MemoryBackend(IndexedReads):
     """Conditional writes on resource versions, like the apiserver; `steal` simulates rivals.
 
     `items` is the backends' own index: storing or deleting an item updates every view (as a watch
@@ -25,7 +24,7 @@ class MemoryBackend:
     """
 
     def __init__(self, steal_probability: float = 0.0, seed: int = 0) -> None:
-        self.items = SandboxIndex()
+        self.index = self.items = SandboxIndex()
         self.version = 0
         self.random = random.Random(seed)
         self.steal_probability = steal_probability
@@ -51,21 +50,6 @@ class MemoryBackend:
 
     def pools(self) -> list[PoolInfo]:
         return [POOL]
-
-    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
-        return list(self.items.values())
-
-    def sandbox(self, lease_id: str) -> SandboxPod | None:
-        return self.items.get(lease_id)
-
-    def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self.items.warm(pool, image_key)
-
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
-        return self.items.leased_with_key(holder, idempotency_key)
-
-    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
-        self.items.subscribe(on_change)
 
     async def _write(self, sandbox: SandboxPod, state: str, lease: LeaseRecord | None) -> SandboxPod | None:
         await asyncio.sleep(self.random.random() / 1000)

@@ -141,18 +141,28 @@ class SandboxIndex(MutableMapping[str, SandboxPod]):
         for listener in self.listeners:
             listener(sandbox)
 
-    # -- the Backend's reads -------------------------------------------------------------------
-
     def in_pool(self, pool: str | None = None) -> list[SandboxPod]:
         if pool is None:
             return list(self._by_key.values())
         return list(self._by_pool.get(pool, {}).values())
 
+
+class IndexedReads:
+    """The Backend's reads, all answered from the backend's SandboxIndex (`self.index`)."""
+
+    index: SandboxIndex
+
+    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
+        return self.index.in_pool(pool)
+
+    def sandbox(self, lease_id: str) -> SandboxPod | None:
+        return self.index.get(lease_id)
+
     def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self.shelves.shelf(pool, image_key)
+        return self.index.shelves.shelf(pool, image_key)
 
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
-        return self.lease_keys.find(holder, idempotency_key)
+        return self.index.lease_keys.find(holder, idempotency_key)
 
     def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
-        self.listeners.append(on_change)
+        self.index.listeners.append(on_change)

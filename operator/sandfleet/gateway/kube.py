@@ -14,8 +14,7 @@ from sandfleet.core import api, model
 from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
 from sandfleet.core.model import SandboxPod, image_key, split_lease_id
 from sandfleet.core.pods import sandbox_from_pod
-from sandfleet.core.warm_index import WarmIndex
-from sandfleet.gateway.backend import PoolInfo, SandboxIndex
+from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.kube.client import APPLY_PATCH, MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
@@ -45,7 +44,7 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
     )
 
 
-class KubeBackend:
+class KubeBackend(IndexedReads):
     """A Backend over the Kubernetes API: pools and sandbox Pods in one namespace."""
 
     def __init__(
@@ -81,21 +80,6 @@ class KubeBackend:
 
     def pools(self) -> list[PoolInfo]:
         return sorted(self._pools.values(), key=lambda p: p.name)
-
-    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
-        return self.index.in_pool(pool)
-
-    def sandbox(self, lease_id: str) -> SandboxPod | None:
-        return self.index.get(lease_id)
-
-    def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self.index.warm(pool, image_key)
-
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
-        return self.index.leased_with_key(holder, idempotency_key)
-
-    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
-        self.index.subscribe(on_change)
 
     # -- Backend: conditional writes -----------------------------------------------------------
 

@@ -14,8 +14,7 @@ from dataclasses import replace
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError, LeaseRecord
 from sandfleet.core.model import LeaseSpec, SandboxPod, image_key
-from sandfleet.core.warm_index import WarmIndex
-from sandfleet.gateway.backend import PoolInfo, SandboxIndex
+from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.local.pool import WarmPool
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 
@@ -27,7 +26,7 @@ ENDED_MEMORY = 10_000  # ended leases remembered, so late calls get 410 rather t
 MAX_SANDBOXES = 64  # the most a local pool is ever warmed to (by --warm or a prefetch)
 
 
-class LocalBackend:
+class LocalBackend(IndexedReads):
     """One pool of warm gVisor sandboxes on this host; leases are in memory (sandboxes die with us).
 
     Everything runs on one event loop, so a claim is atomic by construction; resource versions
@@ -93,20 +92,8 @@ class LocalBackend:
     def pools(self) -> list[PoolInfo]:
         return [self.info]
 
-    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
-        return self.index.in_pool(pool)
-
     def sandbox(self, lease_id: str) -> SandboxPod | None:
         return self.index.get(lease_id) or self._ended.get(lease_id)
-
-    def warm(self, pool: str, image_key: str) -> WarmIndex:
-        return self.index.warm(pool, image_key)
-
-    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
-        return self.index.leased_with_key(holder, idempotency_key)
-
-    def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
-        self.index.subscribe(on_change)
 
     async def fresh(self, lease_id: str) -> SandboxPod | None:
         return self.sandbox(lease_id)
