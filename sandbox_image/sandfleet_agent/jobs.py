@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from sandfleet_agent.command import Command
 from sandfleet_agent.errors import AgentError, not_found
-from sandfleet_agent.process import ExecResult, ExecSpec, run
+from sandfleet_agent.process import ExecSpec, ProcessResult, run
 
 DEFAULT_JOB_OUTPUT_BYTES = 16 << 20
 MAX_JOBS_KEPT = 256
@@ -23,7 +23,7 @@ class Job:
     argv: list[str]
     spec: ExecSpec
     created_at: float
-    result: ExecResult = field(default_factory=ExecResult)
+    result: ProcessResult = field(default_factory=ProcessResult)
     proc: Command | None = None
     error: AgentError | None = None
     finished: threading.Event = field(default_factory=threading.Event)

@@ -58,8 +58,8 @@ class ExecSpec:
 
 
 @dataclass
-class ExecResult:
-    """What happened to one command."""
+class ProcessResult:
+    """What happened to one command, filled in as it runs (the client's `ExecResult` is its reply)."""
 
     exit_code: int | None = None
     signal: int | None = None
@@ -197,16 +197,16 @@ def run(
     *,
     on_start: Callable[[Command], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    into: ExecResult | None = None,
+    into: ProcessResult | None = None,
     lock: AbstractContextManager[object] | None = None,
-) -> ExecResult:
+) -> ProcessResult:
     """Run a command to completion; output goes to the result (capped) and to `sink` if given.
 
     `sink` sees each chunk as it arrives (only the part within the cap); an exception from it
     (the client went away) kills the process group and propagates. `into` and `lock` let a
     background job expose the result while it is being filled.
     """
-    result = into if into is not None else ExecResult()
+    result = into if into is not None else ProcessResult()
     result.start_monotonic = time.monotonic()
     proc = spawn(spec)
     result.pid = proc.pid
@@ -236,7 +236,7 @@ def run(
 def _pump(
     proc: Command,
     spec: ExecSpec,
-    result: ExecResult,
+    result: ProcessResult,
     sink: OutputSink | None,
     should_stop: Callable[[], bool] | None,
     lock: AbstractContextManager[object],
@@ -295,7 +295,7 @@ def _pump(
                     sink(name, kept)
 
 
-def _keep(result: ExecResult, stream: str, chunk: bytes, cap: int) -> bytes:
+def _keep(result: ProcessResult, stream: str, chunk: bytes, cap: int) -> bytes:
     buffer = result.stdout if stream == "stdout" else result.stderr
     if stream == "stdout":
         result.stdout_bytes += len(chunk)
@@ -307,7 +307,7 @@ def _keep(result: ExecResult, stream: str, chunk: bytes, cap: int) -> bytes:
     return kept
 
 
-def _kill(proc: Command, result: ExecResult) -> None:
+def _kill(proc: Command, result: ProcessResult) -> None:
     result.killed = True
     proc.kill()
 

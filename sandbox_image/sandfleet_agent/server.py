@@ -473,7 +473,7 @@ def _os_message(error: OSError) -> str:
     return f"{error.strerror or error}{where}"
 
 
-def _exec_response(result: process.ExecResult, encoding: str) -> JsonObject:
+def _exec_response(result: process.ProcessResult, encoding: str) -> JsonObject:
     body: JsonObject = {**result.summary(), "encoding": encoding}
     for stream, data in (("stdout", result.stdout), ("stderr", result.stderr)):
         body[stream] = process.render_output(data, encoding)
