@@ -13,6 +13,7 @@ from typing import Any
 from sandfleet.core.model import Node, SandboxPod, object_key
 from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, startup_phases
 from sandfleet.core.resources import Resources
+from sandfleet.kube.informer import SYNC
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class ClusterCache:
     # -- pods -----------------------------------------------------------------------------------------
 
     def on_pod_event(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind == "SYNC":
+        if kind == SYNC:  # a (re)list begins
             self._pods_listing = set()
             return
         meta = pod.get("metadata") or {}
@@ -124,7 +125,7 @@ class ClusterCache:
     # -- nodes ----------------------------------------------------------------------------------------
 
     def on_node_event(self, kind: str, body: dict[str, Any]) -> None:
-        if kind == "SYNC":
+        if kind == SYNC:  # a (re)list begins
             self._nodes_listing = set()
             return
         try:
