@@ -56,7 +56,7 @@ class ClusterCache:
             self._pods_listing = set()
             return
         meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = object_key(str(meta.get("namespace")), str(meta.get("name")))
         if self._pods_listing is not None:
             self._pods_listing.add(key)
         if kind == "DELETED":

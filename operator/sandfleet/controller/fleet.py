@@ -22,6 +22,7 @@ from sandfleet.core.model import (
     Prewarm,
     SandboxPod,
     image_key,
+    object_key,
     pool_from_object,
     prewarm_from_object,
 )
@@ -167,7 +168,7 @@ class Operator:
         worker.wake.set()
 
     def remove_pool(self, namespace: str, name: str) -> None:
-        worker = self.workers.pop(f"{namespace}/{name}", None)
+        worker = self.workers.pop(object_key(namespace, name), None)
         if worker and worker.task:
             worker.task.cancel()
         for region in worker.spec.regions if worker else ():
@@ -180,13 +181,13 @@ class Operator:
 
     def upsert_prewarm(self, body: Mapping[str, Any]) -> None:
         prewarm = prewarm_from_object(body, time.time())
-        self.prewarms[f"{prewarm.namespace}/{prewarm.name}"] = prewarm
-        self._pool_changed(f"{prewarm.namespace}/{prewarm.pool}")
+        self.prewarms[object_key(prewarm.namespace, prewarm.name)] = prewarm
+        self._pool_changed(object_key(prewarm.namespace, prewarm.pool))
 
     def remove_prewarm(self, namespace: str, name: str) -> None:
-        prewarm = self.prewarms.pop(f"{namespace}/{name}", None)
+        prewarm = self.prewarms.pop(object_key(namespace, name), None)
         if prewarm:
-            self._pool_changed(f"{namespace}/{prewarm.pool}")
+            self._pool_changed(object_key(namespace, prewarm.pool))
 
     # -- cache callbacks ------------------------------------------------------------------------------
 
