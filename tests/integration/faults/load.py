@@ -107,6 +107,7 @@ class Load:
         self._unpaused = asyncio.Event()
         self._unpaused.set()
         self._idle_workers = 0
+        self._all_idle = asyncio.Event()
         self._holders_done = asyncio.Event()
         self._holder_tasks: list[asyncio.Task[None]] = []
         # retries=1: a replica that stopped answering is left quickly for the next one.
@@ -131,8 +132,11 @@ class Load:
         while not self._stopping.is_set():
             if not self._unpaused.is_set():
                 self._idle_workers += 1
+                if self._idle_workers == self.workers:
+                    self._all_idle.set()
                 await self._unpaused.wait()
                 self._idle_workers -= 1
+                self._all_idle.clear()
                 continue
             lease, replica = await self._acquire(replica, (), self.ttl_seconds)
             if lease is None:
@@ -177,8 +181,7 @@ class Load:
 
     async def _pause_workers(self) -> None:
         self._unpaused.clear()
-        while self._idle_workers < self.workers:
-            await asyncio.sleep(0.05)
+        await self._all_idle.wait()
 
     async def _release_holders(self) -> None:
         self._holders_done.set()
