@@ -26,7 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client, config, watch
+from sandfleet.kube.client import KubeClient
+from sandfleet.kube.config import api_client, load_configuration
+from sandfleet.kube.errors import KubeError
+from sandfleet.kube.informer import Informer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
@@ -104,62 +107,59 @@ def pod_manifest(name: str) -> dict[str, Any]:
     }
 
 
-def phases_seen(pod: Any) -> set[str]:
+def phases_seen(pod: dict[str, Any]) -> set[str]:
     seen = set()
-    if pod.spec.node_name:
+    status = pod.get("status") or {}
+    if (pod.get("spec") or {}).get("nodeName"):
         seen.add("scheduled")
-    for status in pod.status.container_statuses or ():
-        if status.state and status.state.running:
+    for container in status.get("containerStatuses") or ():
+        if (container.get("state") or {}).get("running"):
             seen.add("started")
-    for condition in pod.status.conditions or ():
-        if condition.type == "Ready" and condition.status == "True":
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready" and condition.get("status") == "True":
             seen.add("ready")
     return seen
 
 
-async def one_pod(core: Any, namespace: str, name: str, limit_s: float = 120) -> dict[str, float]:
+async def one_pod(kube: KubeClient, namespace: str, name: str, limit_s: float = 120) -> dict[str, float]:
     """Create one Pod and time its phases from a watch opened before the create; then delete it."""
     stamps: dict[str, float] = {}
-    opened = asyncio.Event()
+    watching, ready = asyncio.Event(), asyncio.Event()
 
-    async def observe() -> None:
-        stream = watch.Watch()
-        async with stream:
-            opened.set()
-            async for event in stream.stream(
-                core.list_namespaced_pod,
-                namespace,
-                field_selector=f"metadata.name={name}",
-                timeout_seconds=int(limit_s),
-            ):
-                now = time.monotonic()
-                for phase in phases_seen(event["object"]):
-                    stamps.setdefault(phase, now)
-                if "ready" in stamps:
-                    return
+    def on_event(kind: str, pod: dict[str, Any]) -> None:
+        now = time.monotonic()
+        for phase in phases_seen(pod) if pod else ():
+            stamps.setdefault(phase, now)
+        if "ready" in stamps:
+            ready.set()
 
-    watcher = asyncio.create_task(observe())
-    await opened.wait()
-    await asyncio.sleep(0.05)  # the watch request is on the wire before the Pod exists
-    started = time.monotonic()
-    await core.create_namespaced_pod(namespace, pod_manifest(name))
-    created = time.monotonic()
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    informer = Informer(kube, pods, on_event, watching.set, query={"fieldSelector": f"metadata.name={name}"})
+    watcher = asyncio.create_task(informer.run())
     try:
-        await asyncio.wait_for(watcher, limit_s)
-    except TimeoutError:
-        raise SystemExit(
-            f"pod {name} not Ready after {limit_s:.0f}s (phases seen: {sorted(stamps)})"
-        ) from None
+        await asyncio.wait_for(watching.wait(), limit_s)  # listed (empty): the watch opens next
+        await asyncio.sleep(0.05)  # the watch request is on the wire before the Pod exists
+        started = time.monotonic()
+        await kube.send("POST", pods, body=pod_manifest(name))
+        created = time.monotonic()
+        try:
+            await asyncio.wait_for(ready.wait(), limit_s)
+        except TimeoutError:
+            raise SystemExit(
+                f"pod {name} not Ready after {limit_s:.0f}s (phases seen: {sorted(stamps)})"
+            ) from None
+    finally:
+        watcher.cancel()
     result = {"create_call": created - started}
     result.update({phase: stamps[phase] - started for phase in PHASES if phase in stamps})
     deleting = time.monotonic()
     # Not 0: that removes the object at once and the sandbox's teardown would overlap the next
     # measurement; with 1 the kubelet removes it only once the containers are gone.
-    await core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+    await kube.send("DELETE", f"{pods}/{name}", body={"gracePeriodSeconds": 1})
     while True:
         try:
-            await core.read_namespaced_pod(name, namespace)
-        except client.ApiException as error:
+            await kube.send("GET", f"{pods}/{name}")
+        except KubeError as error:
             if error.status == 404:
                 break
             raise
@@ -169,26 +169,28 @@ async def one_pod(core: Any, namespace: str, name: str, limit_s: float = 120) ->
 
 
 async def run(count: int, kubeconfig: Path) -> dict[str, Any]:
-    await config.load_kube_config(config_file=str(kubeconfig))
-    async with client.ApiClient() as api:
-        core = client.CoreV1Api(api)
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    kube = KubeClient(api_client(await load_configuration(), pool_size=4))
+    try:
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
-        await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        await kube.send("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
         # Pods need the namespace's default ServiceAccount, which the controller-manager makes.
         for _ in range(300):
             try:
-                await core.read_namespaced_service_account("default", namespace)
+                await kube.send("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
                 break
-            except client.ApiException:
+            except KubeError:
                 await asyncio.sleep(0.1)
         log("warm-up pod (first start pays one-off page-cache misses)")
-        await one_pod(core, namespace, "warmup")
+        await one_pod(kube, namespace, "warmup")
         samples: list[dict[str, float]] = []
         for index in range(count):
-            samples.append(await one_pod(core, namespace, f"sandbox-{index:03d}"))
+            samples.append(await one_pod(kube, namespace, f"sandbox-{index:03d}"))
             if (index + 1) % 5 == 0 or index + 1 == count:
                 log(f"{index + 1}/{count}: last ready {samples[-1]['ready']:.2f}s")
-        await core.delete_namespace(namespace)
+        await kube.send("DELETE", f"/api/v1/namespaces/{namespace}")
+    finally:
+        await kube.close()
     result: dict[str, Any] = {"benchmark": "real_node_pods", "pods": count}
     for phase in ("create_call", *PHASES, "deleted"):
         result.update(summary([s[phase] for s in samples], phase))

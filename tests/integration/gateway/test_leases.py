@@ -321,6 +321,17 @@ def test_metrics_follow_the_product_names(pool: Pool, start_gateway: GatewayFact
     assert "sandfleet_build_info" in text
 
 
+def test_the_gateway_serves_its_informers_counters(pool: Pool, start_gateway: GatewayFactory) -> None:
+    pool.add_sandboxes(1)
+    with start_gateway().client() as client:
+        assert acquire(client).status_code == 201
+        modified = 'sandfleet_kube_watch_events_total{resource="pods",type="MODIFIED"}'
+        wait_for(lambda: modified in client.get("/metrics").text, what="the claim's watch event counted")
+        text = client.get("/metrics").text
+    assert 'sandfleet_kube_relists_total{reason="start",resource="pods"} 1.0' in text
+    assert 'sandfleet_kube_relists_total{reason="start",resource="sandboxpools"} 1.0' in text
+
+
 def test_prefetch_writes_a_prewarm_and_leases_by_image(pool: Pool, start_gateway: GatewayFactory) -> None:
     pool.add_sandboxes(2)
     task_pod = sandbox_pod("python-task-0000", "python", "us-east1", image="tasks/astropy:1")

@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sandfleet.gateway.routes.deps import PartsDep
 from sandfleet.gateway.routes.errors import ERRORS, problem
+from sandfleet.kube.metrics import KUBE_REGISTRY
 
 router = APIRouter(tags=["health"])
 
@@ -28,4 +29,6 @@ async def readyz(shared: PartsDep) -> JSONResponse:
 async def metrics_endpoint(shared: PartsDep) -> Response:
     shared.metrics.leases_active.set(len(shared.service.leases()))
     shared.metrics.token_cache_entries.set(len(shared.authenticator.token_cache))
-    return Response(generate_latest(shared.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    # The informers' counters are process-wide (one set per watched resource), the rest per app.
+    body = generate_latest(shared.metrics.registry) + generate_latest(KUBE_REGISTRY)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
