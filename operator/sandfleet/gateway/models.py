@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
@@ -183,21 +183,28 @@ class Problem(BaseModel):
     queue_position: int | None = None
     eta_seconds: float | None = None
     retry_after_seconds: int | None = None
+    source: str | None = Field(
+        None, description="`sandbox` when the sandbox's agent refused (its code and message, reshaped)."
+    )
 
 
-# An error from the sandbox's agent, passed through the data plane as the agent sent it.
-AGENT_PROBLEM: JsonDict = {
-    "title": "AgentProblem",
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {
-                "code": {"type": "string", "description": "The agent's stable machine-readable code."},
-                "message": {"type": "string", "description": "What the agent refused and why."},
-            },
-        }
-    },
-}
+class Evaluation(BaseModel):
+    """The outcome of POST /v1/leases/{id}/evaluate, as the sandbox's agent reports it."""
+
+    outcome: Literal["passed", "failed", "timed_out", "infra_error"] = Field(
+        description="passed: reward >= 1; failed: the tests ran and did not earn it; timed_out: killed at "
+        "the timeout; infra_error: the verifier could not run or a required report is missing (mask it)."
+    )
+    outcome_reason: str | None = Field(None, description="Why, unless it plainly passed or failed.")
+    reward: float = Field(description="The reward file's value, else 1.0 for exit status 0, else 0.0.")
+    reward_source: Literal["reward_file", "exit_code"]
+    counts: dict[str, int] = Field(
+        description="Per-test counts from the JUnit report: passed, failed, error, skipped, xfailed."
+    )
+    tests: list[dict[str, Any]] = Field(
+        description="One entry per JUnit testcase: name, outcome, duration_s."
+    )
+    tests_report: str | None = None
+    patch: dict[str, Any]
+    exec: dict[str, Any]
+    durations: dict[str, float]
