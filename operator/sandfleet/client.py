@@ -11,14 +11,16 @@ every call is written once, in `AsyncFleet` and `AsyncSandbox`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import os
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
@@ -37,6 +39,15 @@ class SandfleetError(Exception):
         self.code = code
         self.detail = detail
         self.body = body or {}
+
+    @property
+    def infrastructure(self) -> bool:
+        """Whether the fleet failed (not the request, not the episode): a trainer masks such episodes."""
+        return self.status >= 500 and self.status != 504
+
+
+class SandboxError(SandfleetError):
+    """The sandbox's agent refused or failed (`source: sandbox`): `code` is the agent's own."""
 
 
 class Unauthorized(SandfleetError):
@@ -132,10 +143,21 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    encoding: str = "utf-8"
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the output cap (`max_output_bytes`) cut either stream."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    def data(self, stream: str = "stdout") -> bytes:
+        """A stream's bytes as captured (exact with `encoding="base64"`, else UTF-8 with replacements)."""
+        text = self.stdout if stream == "stdout" else self.stderr
+        return base64.b64decode(text) if self.encoding == "base64" else text.encode()
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> ExecResult:
@@ -148,7 +170,82 @@ class ExecResult:
             stdout_truncated=bool(data.get("stdout_truncated")),
             stderr_truncated=bool(data.get("stderr_truncated")),
             raw=data,
+            encoding=str(data.get("encoding", "utf-8")),
         )
+
+
+class Outcome(StrEnum):
+    """How an evaluation ended; a trainer masks INFRA_ERROR episodes rather than learn from their zero."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    INFRA_ERROR = "infra_error"
+
+
+@dataclass(frozen=True)
+class Evaluation(Mapping[str, Any]):
+    """An evaluation's result: typed fields, and the response itself (`result["exec"]` still works).
+
+    `outcome` is the agent's (docs/tasks.md, "How rewards are computed"); `Sandbox.score` also
+    turns a sandbox lost or an agent failure into INFRA_ERROR and a patch that does not apply into
+    FAILED, instead of raising.
+    """
+
+    outcome: Outcome
+    reward: float
+    counts: dict[str, int] = field(default_factory=dict)
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    reason: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the episode's reward may be trained on (false for INFRA_ERROR)."""
+        return self.outcome is not Outcome.INFRA_ERROR
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Evaluation:
+        try:
+            outcome = Outcome(str(data.get("outcome")))
+        except ValueError:
+            # An agent from before typed outcomes: its reward is all there is to go on.
+            outcome = Outcome.PASSED if float(data.get("reward", 0.0)) >= 1.0 else Outcome.FAILED
+        return cls(
+            outcome=outcome,
+            reward=float(data.get("reward", 0.0)),
+            counts={str(k): int(v) for k, v in dict(data.get("counts") or {}).items()},
+            tests=list(data.get("tests") or []),
+            reason=data.get("outcome_reason"),
+            raw=data,
+        )
+
+    @classmethod
+    def of_error(cls, error: SandfleetError) -> Evaluation | None:
+        """The evaluation an error amounts to, or None when it is the caller's to fix."""
+        if error.code == "bad_patch":
+            outcome = Outcome.FAILED  # the episode's patch: scored, not masked
+        elif error.infrastructure or error.code in VERIFIER_CANNOT_RUN:
+            outcome = Outcome.INFRA_ERROR
+        else:
+            return None
+        raw = {"outcome": str(outcome), "reward": 0.0, "outcome_reason": error.detail, "error": error.code}
+        return cls(outcome=outcome, reward=0.0, reason=error.detail, raw=raw)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+# Agent codes that mean the verifier itself could not be run: the task or sandbox, not the episode.
+VERIFIER_CANNOT_RUN = frozenset(
+    {"no_test_command", "command_not_found", "command_not_executable", "verifier_dir_unwritable"}
+)
 
 
 @dataclass(frozen=True)
@@ -163,20 +260,33 @@ class _Call:
     retry: bool = False  # only calls that are safe to repeat
 
 
+def error_for(status: int, body: object) -> SandfleetError:
+    """The typed exception for an error response's status and JSON body.
+
+    The gateway answers every error as a Problem (`error`, `detail`, and `source: sandbox` for a
+    refusal from inside the sandbox); an agent's own shape (`{"error": {"code", "message"}}`) is
+    read too, so a code is never a stringified object.
+    """
+    problem = body if isinstance(body, dict) else {}
+    error = problem.get("error")
+    from_sandbox = problem.get("source") == "sandbox" or isinstance(error, dict)
+    if isinstance(error, dict):
+        code, detail = error.get("code"), error.get("message")
+    else:
+        code, detail = error, problem.get("detail")
+    kind = SandboxError if from_sandbox and status != 502 else _ERRORS.get(status, SandfleetError)
+    text = detail if isinstance(detail, str) and detail else f"HTTP {status} with no detail"
+    return kind(status, code if isinstance(code, str) and code else "error", text, problem)
+
+
 def _raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
     try:
-        body = response.json()
+        body: object = response.json()
     except ValueError:
         body = {"error": "http_error", "detail": response.text[:500]}
-    kind = _ERRORS.get(response.status_code, SandfleetError)
-    raise kind(
-        response.status_code,
-        str(body.get("error", "error")),
-        str(body.get("detail", body)),
-        body if isinstance(body, dict) else None,
-    )
+    raise error_for(response.status_code, body)
 
 
 def _acquire_call(
@@ -215,8 +325,14 @@ def _exec_body(
     cwd: str | None,
     stdin: str | None,
     timeout_s: float | None,
+    max_output_bytes: int | None = None,
+    encoding: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"shell": command} if isinstance(command, str) else {"argv": list(command)}
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = max_output_bytes
+    if encoding is not None:
+        body["encoding"] = encoding
     if env:
         body["env"] = env
     if cwd:
@@ -433,8 +549,14 @@ class AsyncSandbox:
         cwd: str | None = None,
         stdin: str | None = None,
         timeout_s: float | None = None,
+        max_output_bytes: int | None = None,
+        encoding: str | None = None,
     ) -> ExecResult:
-        body = _exec_body(command, env, cwd, stdin, timeout_s)
+        """Run a command; output past `max_output_bytes` per stream (agent default 1 MiB) is cut.
+
+        `encoding="base64"` returns the exact bytes (ExecResult.data); utf-8 replaces invalid ones.
+        """
+        body = _exec_body(command, env, cwd, stdin, timeout_s, max_output_bytes, encoding)
         response = await self.fleet.call(_Call("POST", f"{self._base}/exec", json=body))
         return ExecResult.of(response.json())
 
@@ -451,9 +573,40 @@ class AsyncSandbox:
         call = _Call("GET", f"{self._base}/files/list", params={"path": path}, retry=True)
         return dict((await self.fleet.call(call)).json())
 
-    async def evaluate(self, /, **body: Any) -> dict[str, Any]:
-        call = _Call("POST", f"{self._base}/evaluate", json=body)
+    async def upload_archive(self, path: str, data: bytes) -> dict[str, Any]:
+        """Unpack a tar (plain or compressed; `tar -C dir -czf - .` works) into directory `path`."""
+        call = _Call("PUT", f"{self._base}/files/archive", params={"path": path}, content=data, retry=True)
         return dict((await self.fleet.call(call)).json())
+
+    async def download_archive(self, path: str, gzip: bool = True) -> bytes:
+        """A tar (gzipped unless told otherwise) of the tree at `path`."""
+        params = {"path": path, "gzip": "1" if gzip else "0"}
+        return (
+            await self.fleet.call(_Call("GET", f"{self._base}/files/archive", params=params, retry=True))
+        ).content
+
+    async def evaluate(self, /, **body: Any) -> Evaluation:
+        """Apply `patch`, run the tests (`argv`/`shell`, else tests/test.sh); errors raise.
+
+        Pass `require_report=True` when the tests write a JUnit report: without one the outcome is
+        INFRA_ERROR rather than a zero reward.
+        """
+        call = _Call("POST", f"{self._base}/evaluate", json=body)
+        return Evaluation.of(dict((await self.fleet.call(call)).json()))
+
+    async def score(self, /, **body: Any) -> Evaluation:
+        """Evaluate, never raising for what the episode or the fleet did.
+
+        A lost sandbox or a failed agent is INFRA_ERROR (mask it); a patch that does not apply is
+        FAILED with reward 0; a malformed request still raises.
+        """
+        try:
+            return await self.evaluate(**body)
+        except SandfleetError as error:
+            scored = Evaluation.of_error(error)
+            if scored is None:
+                raise
+            return scored
 
     async def renew(self, ttl_seconds: int | None = None) -> Lease:
         self.lease = await self.fleet.renew(self.lease.id, ttl_seconds)
@@ -647,5 +800,8 @@ class Sandbox(_Blocking[AsyncSandbox]):
     write_file = _blocking(AsyncSandbox.write_file)
     list_files = _blocking(AsyncSandbox.list_files)
     evaluate = _blocking(AsyncSandbox.evaluate)
+    score = _blocking(AsyncSandbox.score)
+    upload_archive = _blocking(AsyncSandbox.upload_archive)
+    download_archive = _blocking(AsyncSandbox.download_archive)
     renew = _blocking(AsyncSandbox.renew)
     release = _blocking(AsyncSandbox.release)

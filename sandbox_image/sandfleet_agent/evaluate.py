@@ -3,6 +3,7 @@
 The Harbor convention is honoured: when no command is given, `tests/test.sh` runs, and a reward it
 writes to `<logs>/verifier/reward.txt` (or `reward.json`) wins over the exit code. Per-test results
 come only from the JUnit XML report the verifier writes into that directory, never from output.
+Every report carries a typed `outcome` (passed, failed, timed_out, infra_error): see `outcome_of`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ DEFAULT_JUNIT_NAME = "junit.xml"
 MAX_REWARD_BYTES = 64 << 10
 MAX_JUNIT_BYTES = 64 << 20
 _NOT_REGULAR = b"\x00"
+# Exit statuses a shell gives when the command itself could not be run (not found, not executable).
+CANNOT_RUN = {126: "not executable", 127: "not found"}
+COUNT_KEYS = ("passed", "failed", "error", "skipped", "xfailed")
 
 
 @dataclass(frozen=True)
@@ -88,20 +92,27 @@ def evaluate(
     report_path = verifier / junit_name
     tests_error = None
     try:
-        tests = parse_junit(report_path)
+        cases = read_junit(report_path)
     except AgentError as error:
         # The verifier ran the episode's code, which may have spoiled the report: no counts, no 5xx.
-        tests, tests_error = [], error.message
-    counts = {outcome: 0 for outcome in ("passed", "failed", "error", "skipped")}
-    for test in tests:
-        counts[str(test["outcome"])] += 1
+        cases, tests_error = [], error.message
+    found = _is_regular_file(report_path)
+    outcome, reason = outcome_of(
+        reward=reward,
+        reward_source=source,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        report_required=optional_bool(body, "require_report"),
+        report_found=found and tests_error is None,
+    )
     report: dict[str, object] = {
+        "outcome": outcome,
         "reward": reward,
         "reward_source": source,
         "patch": patch_report,
-        "tests": tests,
-        "tests_report": str(report_path) if _is_regular_file(report_path) else None,
-        "counts": counts,
+        "tests": [case.entry() for case in cases],
+        "tests_report": str(report_path) if found else None,
+        "counts": tally(cases),
         "exec": {
             **result.summary(),
             "argv": spec.argv,
@@ -114,11 +125,47 @@ def evaluate(
             "total_s": round(time.monotonic() - started, 6),
         },
     }
+    if reason is not None:
+        report["outcome_reason"] = reason
     if reward_error is not None:
         report["reward_error"] = reward_error
     if tests_error is not None:
         report["tests_error"] = tests_error
     return report
+
+
+def outcome_of(
+    *,
+    reward: float,
+    reward_source: str,
+    exit_code: int | None,
+    timed_out: bool,
+    report_required: bool,
+    report_found: bool,
+) -> tuple[str, str | None]:
+    """The typed outcome of one evaluation and, unless it passed or failed plainly, why.
+
+    In order: the verifier could not run (its command not found or not executable, and it wrote
+    no reward) or a required JUnit report is missing or unreadable: `infra_error`; the tests ran
+    past their timeout: `timed_out`; a reward of at least 1: `passed`; anything else: `failed`.
+    """
+    if reward_source == "exit_code" and exit_code in CANNOT_RUN:
+        return "infra_error", f"the test command could not be run (exit {exit_code}: {CANNOT_RUN[exit_code]})"
+    if report_required and not report_found:
+        return "infra_error", "the verifier wrote no readable JUnit report, and one was required"
+    if timed_out:
+        return "timed_out", "the tests ran past their timeout and were killed"
+    return ("passed", None) if reward >= 1.0 else ("failed", None)
+
+
+def optional_bool(body: Mapping[str, object], name: str) -> bool:
+    """A boolean field of the body, False when absent."""
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"{name!r} must be true or false")
+    return value
 
 
 def _junit_name(raw: str | None) -> str:
@@ -157,6 +204,7 @@ def _test_spec(
     request = dict(body)
     request.pop("patch", None)
     request.pop("junit_xml", None)
+    request.pop("require_report", None)
     if request.get("argv") is None and request.get("shell") is None:
         script = workspace.resolve(optional_str(body, "cwd")) / HARBOR_TEST_SCRIPT
         if not script.is_file():
@@ -335,8 +383,66 @@ def _reward_from_json(data: object) -> float | None:
     return None
 
 
-def parse_junit(path: Path) -> list[dict[str, object]]:
-    """Per-test outcomes from a JUnit XML report (pytest --junitxml, most other runners); [] if none."""
+@dataclass(frozen=True)
+class JunitCase:
+    """One <testcase> of a JUnit report and the results inside it (subtests add one per failure)."""
+
+    name: str
+    duration_s: float | None = None
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+    # An error raised only in teardown: the test's own call passed (pytest counts both).
+    teardown_only: bool = False
+
+    @property
+    def outcome(self) -> str:
+        """The case's one outcome: a failure beats an error beats a skip."""
+        if self.failures:
+            return "failed"
+        if self.errors:
+            return "error"
+        if self.xfailed:
+            return "xfailed"
+        if self.skipped:
+            return "skipped"
+        return "passed"
+
+    def entry(self) -> dict[str, object]:
+        """The case as the evaluate response lists it."""
+        entry: dict[str, object] = {"name": self.name, "outcome": self.outcome}
+        if self.failures > 1:
+            entry["failures"] = self.failures
+        if self.duration_s is not None:
+            entry["duration_s"] = self.duration_s
+        return entry
+
+
+def tally(cases: list[JunitCase]) -> dict[str, int]:
+    """Counts as pytest's own summary line gives them (`3 failed, 5 passed, 1 skipped, 1 xfailed`).
+
+    Every <failure> and <error> counts once (a test failing in its call and erroring in teardown
+    is one of each; each failed subtest is one failure); a case with no result passed; a case whose
+    only result is a teardown error is also one passed, as pytest counts it. A non-strict XPASS
+    is indistinguishable from a pass in JUnit and counts as passed.
+    """
+    counts = dict.fromkeys(COUNT_KEYS, 0)
+    seen: set[str] = set()
+    for case in cases:
+        counts["failed"] += case.failures
+        counts["error"] += case.errors
+        counts["skipped"] += case.skipped
+        counts["xfailed"] += case.xfailed
+        results = case.failures + case.errors + case.skipped + case.xfailed
+        if results == 0 or (case.teardown_only and case.name not in seen):
+            counts["passed"] += 1
+        seen.add(case.name)
+    return counts
+
+
+def read_junit(path: Path) -> list[JunitCase]:
+    """The test cases of a JUnit XML report (pytest --junitxml, most other runners); [] if none."""
     raw = _read_report_file(path, MAX_JUNIT_BYTES)
     if raw is None:
         return []
@@ -348,25 +454,33 @@ def parse_junit(path: Path) -> list[dict[str, object]]:
         root = ElementTree.fromstring(raw)
     except ElementTree.ParseError as error:
         raise unprocessable(f"the JUnit report is not valid XML: {error}", "bad_junit") from None
-    results: list[dict[str, object]] = []
-    for case in root.iter("testcase"):
-        name = case.get("name", "")
-        classname = case.get("classname")
-        outcome = "passed"
-        for child in case:
-            if child.tag in {"failure", "error", "skipped"}:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
-                break
-        entry: dict[str, object] = {
-            "name": f"{classname}::{name}" if classname else name,
-            "outcome": outcome,
-        }
-        duration = case.get("time")
-        if duration:
-            with contextlib.suppress(ValueError):
-                entry["duration_s"] = float(duration)
-        results.append(entry)
-    return results
+    return [_case(element) for element in root.iter("testcase")]
+
+
+def _case(element: ElementTree.Element) -> JunitCase:
+    name, classname = element.get("name", ""), element.get("classname")
+    tags = [child for child in element if child.tag in {"failure", "error", "skipped"}]
+    errors = [child for child in tags if child.tag == "error"]
+    xfailed = sum(1 for c in tags if c.tag == "skipped" and c.get("type") == "pytest.xfail")
+    duration = None
+    with contextlib.suppress(TypeError, ValueError):
+        duration = float(element.get("time") or "")
+    return JunitCase(
+        name=f"{classname}::{name}" if classname else name,
+        duration_s=duration,
+        failures=sum(1 for child in tags if child.tag == "failure"),
+        errors=len(errors),
+        skipped=sum(1 for child in tags if child.tag == "skipped") - xfailed,
+        xfailed=xfailed,
+        teardown_only=bool(errors)
+        and len(errors) == len(tags)
+        and all((e.get("message") or "").startswith("failed on teardown") for e in errors),
+    )
+
+
+def parse_junit(path: Path) -> list[dict[str, object]]:
+    """Per-test outcomes from a JUnit XML report, as the evaluate response lists them; [] if none."""
+    return [case.entry() for case in read_junit(path)]
 
 
 def default_logs_dir() -> Path:

@@ -235,6 +235,8 @@ def extract_archive(workspace: Workspace, raw: str, source: StreamFile) -> dict[
         with tarfile.open(fileobj=source, mode="r|*") as tar:
             for member in tar:
                 target = _member_target(workspace, dest, member)
+                if target == dest and member.isdir():
+                    continue  # `./`, as `tar -C dir -czf - .` writes first: the destination itself
                 if member.isdir():
                     directory = workspace.open_dir(target, create=True)
                     try:
@@ -314,6 +316,10 @@ def _member_target(workspace: Workspace, dest: Path, member: tarfile.TarInfo) ->
     parts = Path(name).parts
     if os.path.isabs(name) or ".." in parts or "\x00" in name:
         raise unsafe_archive(f"member {name!r} has an absolute path or '..'")
+    if os.path.normpath(name) == ".":
+        if not member.isdir():
+            raise unsafe_archive(f"member {name!r} names the destination itself but is not a directory")
+        return dest
     try:
         parent = workspace.resolve(str(dest / name) + "/..")
     except AgentError:

@@ -160,6 +160,8 @@ class AgentProxy:
                 "lost; release this lease and acquire another"
             ) from error
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+        if stream and upstream.status_code >= 400:
+            stream = False  # a refusal is one small JSON body: read it, so it can be reshaped below
         if stream:
             relay = self._relay(upstream, sandbox)
             return (
@@ -177,6 +179,8 @@ class AgentProxy:
         finally:
             await upstream.aclose()
         elapsed = time.monotonic() - started
+        if upstream.status_code >= 400:
+            body, headers = as_problem(body, headers)
         return Response(body, status_code=upstream.status_code, headers=headers), elapsed
 
     async def _relay(self, upstream: httpx.Response, sandbox: str) -> AsyncIterator[bytes]:
@@ -234,6 +238,30 @@ def answer_bound(body: bytes | None, query_timeout: str | None, default: float |
     if seconds is None or not math.isfinite(seconds):
         return None
     return max(seconds, 0.0) + ANSWER_MARGIN_S
+
+
+def as_problem(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    """An agent's refusal (`{"error": {"code", "message"}}`) in the gateway's Problem shape.
+
+    Clients see one error shape on every route: `error` (the agent's stable code), `detail` (its
+    message) and `source: "sandbox"`, which tells a refusal from inside the sandbox (a 404 for a
+    missing file) from the gateway's own (a 404 for a missing lease). Anything else passes as it is.
+    """
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body, headers
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict):
+        return body, headers
+    problem = {
+        "error": str(error.get("code") or "sandbox_error"),
+        "detail": str(error.get("message") or "the sandbox refused the request"),
+        "source": "sandbox",
+    }
+    headers = {k: v for k, v in headers.items() if k.lower() not in {"content-type", "content-encoding"}}
+    headers["content-type"] = "application/json"
+    return json.dumps(problem, separators=(",", ":")).encode(), headers
 
 
 def _has_body(request: Request) -> bool:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sandfleet_agent.evaluate import parse_junit, read_reward
+from sandfleet_agent.evaluate import CANNOT_RUN, outcome_of, parse_junit, read_reward
+from tests.support.pytest_summary import MIXED_TESTS, summary_counts
 from tests.unit.agent.conftest import Agent
 
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -89,7 +93,7 @@ def test_per_test_counts_come_from_the_verifiers_junit_report_not_from_output(ag
     fake = "tests/t.py::test_a PASSED\\nPASSED tests/t.py::test_b\\n"
     printed = agent.client.post("/v1/evaluate", json={"shell": f"printf '{fake}'; exit 1"}).json()
     assert printed["tests"] == []
-    assert printed["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    assert printed["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0}
     assert printed["tests_report"] is None
     junit = (
         '<testsuite><testcase classname="m" name="ok" time="0.5"/>'
@@ -106,7 +110,7 @@ def test_per_test_counts_come_from_the_verifiers_junit_report_not_from_output(ag
         {"name": "m::ok", "outcome": "passed", "duration_s": 0.5},
         {"name": "m::bad", "outcome": "failed"},
     ]
-    assert written["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
+    assert written["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0, "xfailed": 0}
 
 
 def test_pytest_is_told_to_write_the_junit_report_into_the_verifier_dir(agent: Agent) -> None:
@@ -166,3 +170,72 @@ def test_parse_junit_errors_and_skips(tmp_path: Path) -> None:
         '<testcase name="s"><skipped/></testcase></testsuite></testsuites>'
     )
     assert parse_junit(report) == [{"name": "e", "outcome": "error"}, {"name": "s", "outcome": "skipped"}]
+
+
+def test_counts_equal_what_pytest_itself_reports(agent: Agent) -> None:
+    # Colour codes, `SKIPPED [3]`, xfail/xpass, setup and teardown errors, parametrized tests and
+    # subtests, all in one real pytest run: the counts must be pytest's own, not a reading of its output.
+    (agent.root / "test_mixed.py").write_text(MIXED_TESTS)
+    result = agent.client.post(
+        "/v1/evaluate",
+        json={"argv": [sys.executable, "-m", "pytest", "--color=yes", "-rA", "test_mixed.py"]},
+    ).json()
+    output = result["exec"]["stdout_tail"]
+    assert "\x1b[" in output
+    assert "SKIPPED [3]" in output
+    assert result["counts"] == summary_counts(output)
+    assert result["outcome"] == "failed"
+    assert result["reward"] == 0.0
+    by_name = {test["name"]: test for test in result["tests"]}
+    assert by_name["test_mixed::test_subtests"]["failures"] == 2 + 1  # two subtests, then the test itself
+    assert by_name["test_mixed::test_xfail"]["outcome"] == "xfailed"
+
+
+def test_a_missing_required_report_is_an_infra_error_not_a_zero(agent: Agent) -> None:
+    plain = agent.client.post("/v1/evaluate", json={"shell": "exit 1"}).json()
+    assert (plain["outcome"], plain["reward"]) == ("failed", 0.0)
+    required = agent.client.post("/v1/evaluate", json={"shell": "exit 1", "require_report": True}).json()
+    assert required["outcome"] == "infra_error"
+    assert "JUnit" in required["outcome_reason"]
+    refused = agent.client.post("/v1/evaluate", json={"shell": "true", "require_report": "yes"})
+    assert refused.status_code == 400
+
+
+def test_outcomes_through_the_agent(agent: Agent) -> None:
+    passed = agent.client.post("/v1/evaluate", json={"shell": "true"}).json()
+    assert (passed["outcome"], passed["reward"]) == ("passed", 1.0)
+    slow = agent.client.post("/v1/evaluate", json={"shell": "sleep 30", "timeout_s": 0.5}).json()
+    assert (slow["outcome"], slow["reward"]) == ("timed_out", 0.0)
+    missing = agent.client.post("/v1/evaluate", json={"shell": "no-such-test-runner"}).json()
+    assert (missing["outcome"], missing["exec"]["exit_code"]) == ("infra_error", 127)
+
+
+@given(
+    reward=st.floats(allow_nan=False, allow_infinity=False),
+    source=st.sampled_from(["reward_file", "exit_code"]),
+    exit_code=st.none() | st.integers(min_value=0, max_value=255),
+    timed_out=st.booleans(),
+    required=st.booleans(),
+    found=st.booleans(),
+)
+def test_outcome_rule(
+    reward: float, source: str, exit_code: int | None, timed_out: bool, required: bool, found: bool
+) -> None:
+    outcome, reason = outcome_of(
+        reward=reward,
+        reward_source=source,
+        exit_code=exit_code,
+        timed_out=timed_out,
+        report_required=required,
+        report_found=found,
+    )
+    cannot_run = source == "exit_code" and exit_code in CANNOT_RUN
+    if cannot_run or (required and not found):
+        assert outcome == "infra_error"
+        assert reason
+    elif timed_out:
+        assert outcome == "timed_out"
+        assert reason
+    else:
+        assert outcome == ("passed" if reward >= 1.0 else "failed")
+        assert reason is None

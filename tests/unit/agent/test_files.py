@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -247,3 +248,37 @@ def test_a_directory_swapped_for_a_link_is_never_written_through(tmp_path: Path)
         workspace.open_dir(resolved, create=True)
     assert (refused.value.status, refused.value.code) == (409, "path_changed")
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_the_common_tar_dot_shape_unpacks(agent: Agent, tmp_path: Path, gzip: bool) -> None:
+    source = tmp_path / "src"
+    (source / "pkg").mkdir(parents=True)
+    (source / "a.py").write_text("A = 1\n")
+    (source / "pkg" / "b.py").write_text("B = 2\n")
+    # The shape users reach for first: members `./`, `./a.py`, `./pkg/`, made by the real tar.
+    made = subprocess.run(
+        ["tar", "-C", str(source), "-czf" if gzip else "-cf", "-", "."], capture_output=True, check=True
+    )
+    with tarfile.open(fileobj=io.BytesIO(made.stdout), mode="r:*") as tar:
+        assert "." in {os.path.normpath(name) for name in tar.getnames()}
+    for where in ("", "dest"):
+        response = agent.client.put("/v1/files/archive", params={"path": where}, content=made.stdout)
+        assert response.status_code == 200, response.text
+        assert response.json()["files"] == 2
+        assert (agent.root / where / "a.py").read_text() == "A = 1\n"
+        assert (agent.root / where / "pkg" / "b.py").read_text() == "B = 2\n"
+
+
+@pytest.mark.parametrize("kind", [tarfile.REGTYPE, tarfile.SYMTYPE])
+def test_a_dot_member_that_is_not_a_directory_is_refused(agent: Agent, kind: bytes) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        member = tarfile.TarInfo("./")
+        member.type = kind
+        member.linkname = "/etc" if kind == tarfile.SYMTYPE else ""
+        tar.addfile(member, io.BytesIO(b""))
+    response = agent.client.put("/v1/files/archive", params={"path": "dest"}, content=buffer.getvalue())
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "unsafe_archive"
+    assert not (agent.root / "dest").is_symlink()

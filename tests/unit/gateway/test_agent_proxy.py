@@ -4,6 +4,7 @@ waits longer than its own timeout plus a margin."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -68,3 +69,26 @@ def test_a_call_is_waited_for_its_own_timeout_plus_a_margin_only() -> None:
     assert answer_bound(b'{"timeout_s": true}', None, 300.0) == 300 + margin
     assert answer_bound(None, "inf", None) is None
     assert answer_bound(None, None, None) is None
+
+
+async def test_an_agent_refusal_reaches_the_caller_as_a_problem() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/files/archive":
+            return httpx.Response(404, json={"error": {"code": "file_not_found", "message": "no such: 'x'"}})
+        return httpx.Response(418, content=b"not json")
+
+    proxy = AgentProxy(new_fleet_key())
+    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    # A streamed route's refusal is reshaped too: it is one small body, not a stream.
+    refused, _ = await proxy.forward(
+        _request(), "http://agent", "/v1/files/archive", stream=True, sandbox="a"
+    )
+    assert refused.status_code == 404
+    assert json.loads(bytes(refused.body)) == {
+        "error": "file_not_found",
+        "detail": "no such: 'x'",
+        "source": "sandbox",
+    }
+    other, _ = await proxy.forward(_request(), "http://agent", "/v1/other", sandbox="a")
+    assert (other.status_code, bytes(other.body)) == (418, b"not json")
+    await proxy.close()

@@ -22,6 +22,7 @@ from sandfleet.gateway.leasing import (
     UnknownName,
     WaitTimeout,
 )
+from sandfleet.gateway.models import Evaluation, Problem
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for, validation_detail
 from sandfleet.gateway.routes.leases import granted_result, refused_result
@@ -218,5 +219,6 @@ def test_agent_responses_declare_what_the_agent_may_answer() -> None:
         listing[413]["description"]
         == "The body is larger than the route accepts (1 MiB for control routes by default)."
     )
-    schema = listing[404]["content"]["application/json"]["schema"]
-    assert {"$ref": "#/components/schemas/Problem"} in schema["anyOf"]
+    # The agent's refusals are reshaped into Problems by the proxy: one error shape on every route.
+    assert listing[404]["model"] is Problem
+    assert agent_responses("POST", "/v1/evaluate")[200]["model"] is Evaluation
