@@ -1,9 +1,12 @@
-"""Client commands: lease, exec, release, pools, leases (gateway from --url / SANDFLEET_URL)."""
+"""Client commands: lease, exec, files, evaluate, release, pools, leases (gateway from --url or env)."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
+import tarfile
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +20,8 @@ TOKEN = Annotated[str | None, typer.Option("--token", envvar="SANDFLEET_TOKEN", 
 AS_JSON = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 
 console = Console(stderr=True)
+files = typer.Typer(help="Copy files into and out of a leased sandbox.", no_args_is_help=True)
+app.add_typer(files, name="files")
 
 
 def _fleet(url: str | None, token: str | None) -> Any:
@@ -72,29 +77,166 @@ def lease(
     console.print(f"leased {len(leases)} in {leases[0].timings.get('total_ms', 0):.1f} ms")
 
 
+def _sandbox(fleet: Any, lease_id: str) -> Any:
+    from sandfleet.client import Lease, Sandbox
+
+    return Sandbox(fleet, Lease(lease_id, "", "", "", 0.0, {}, None))
+
+
+def exec_notes(raw: dict[str, Any], max_output_bytes: int | None) -> list[str]:
+    """What a reader of the output must know and cannot see in it: a cut output, a timeout."""
+    notes = []
+    for stream in ("stdout", "stderr"):
+        if raw.get(f"{stream}_truncated"):
+            cap = f" at {max_output_bytes} bytes" if max_output_bytes is not None else ""
+            notes.append(
+                f"sandfleet: {stream} truncated{cap} ({raw.get(f'{stream}_bytes', '?')} bytes produced); "
+                "raise --max-output-bytes"
+            )
+    if raw.get("timed_out"):
+        notes.append(f"sandfleet: timed out after {raw.get('duration_s', '?')}s; the command was killed")
+    return notes
+
+
 @app.command("exec")
 def exec_(
     lease_id: Annotated[str, typer.Argument(help="Lease id.")],
     command: Annotated[list[str], typer.Argument(help="Command and arguments (after --).")],
     shell: Annotated[bool, typer.Option(help="Run the words as one shell command.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Kill after this many seconds.")] = None,
+    max_output_bytes: Annotated[
+        int | None, typer.Option(help="Keep at most this many bytes of each stream (agent default 1 MiB).")
+    ] = None,
     url: URL = None,
     token: TOKEN = None,
     as_json: AS_JSON = False,
 ) -> None:
-    """Run a command in a leased sandbox; exits with its exit code."""
-    from sandfleet.client import Lease, Sandbox
-
+    """Run a command in a leased sandbox; exits with its exit code (124 when it timed out)."""
     with _fleet(url, token) as fleet:
-        sandbox = Sandbox(fleet, Lease(lease_id, "", "", "", 0.0, {}, None))
+        sandbox = _sandbox(fleet, lease_id)
         words: list[str] | str = " ".join(command) if shell else command
-        result = _run(lambda: sandbox.exec(words, timeout_s=timeout))
+        # base64 keeps the command's bytes exact: they are written out as they were produced.
+        result = _run(
+            lambda: sandbox.exec(
+                words, timeout_s=timeout, max_output_bytes=max_output_bytes, encoding="base64"
+            )
+        )
     if as_json:
         typer.echo(json.dumps(result.raw))
     else:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
+        sys.stdout.buffer.write(result.data("stdout"))
+        sys.stdout.flush()
+        sys.stderr.buffer.write(result.data("stderr"))
+        sys.stderr.flush()
+        for note in exec_notes(result.raw, max_output_bytes):
+            console.print(note, markup=False, highlight=False)
     raise typer.Exit(result.exit_code if result.exit_code is not None else 124)
+
+
+@files.command("put")
+def files_put(
+    lease_id: Annotated[str, typer.Argument(help="Lease id.")],
+    local: Annotated[Path, typer.Argument(help="A local file, or a directory (sent as a tar).")],
+    remote: Annotated[str, typer.Argument(help="Where in the sandbox (a file, or a directory for a tree).")],
+    url: URL = None,
+    token: TOKEN = None,
+) -> None:
+    """Copy a local file or directory tree into a leased sandbox."""
+    if not local.exists():
+        raise _fail(RuntimeError(f"{str(local)!r} does not exist"))
+    with _fleet(url, token) as fleet:
+        sandbox = _sandbox(fleet, lease_id)
+        if local.is_dir():
+            report = _run(lambda: sandbox.upload_archive(remote, tar_of(local)))
+            console.print(f"unpacked {report.get('files', 0)} files into {report.get('path', remote)}")
+        else:
+            _run(lambda: sandbox.write_file(remote, local.read_bytes()))
+            console.print(f"wrote {local.stat().st_size} bytes to {remote}")
+
+
+def tar_of(directory: Path) -> bytes:
+    """A gzipped tar of `directory`'s contents, as `tar -C directory -czf - .` makes it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(directory, arcname=".")
+    return buffer.getvalue()
+
+
+@files.command("get")
+def files_get(
+    lease_id: Annotated[str, typer.Argument(help="Lease id.")],
+    remote: Annotated[str, typer.Argument(help="A file in the sandbox, or a directory with --tree.")],
+    local: Annotated[Path | None, typer.Argument(help="Where to write it ('-' or none: stdout).")] = None,
+    tree: Annotated[bool, typer.Option(help="Fetch a directory as a gzipped tar.")] = False,
+    url: URL = None,
+    token: TOKEN = None,
+) -> None:
+    """Copy a file (or, with --tree, a directory as .tar.gz) out of a leased sandbox."""
+    with _fleet(url, token) as fleet:
+        sandbox = _sandbox(fleet, lease_id)
+        data = _run(lambda: sandbox.download_archive(remote) if tree else sandbox.read_file(remote))
+    if local is None or str(local) == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        local.write_bytes(data)
+    except OSError as error:
+        raise _fail(RuntimeError(f"cannot write {str(local)!r}: {error.strerror}")) from None
+    console.print(f"wrote {len(data)} bytes to {local}")
+
+
+@app.command()
+def evaluate(
+    lease_id: Annotated[str, typer.Argument(help="Lease id.")],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="Test command (after --); default: tests/test.sh.")
+    ] = None,
+    patch: Annotated[Path | None, typer.Option(help="A unified diff to apply first ('-': stdin).")] = None,
+    cwd: Annotated[str | None, typer.Option(help="Working directory in the sandbox.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Kill the tests after this many seconds.")] = None,
+    require_report: Annotated[
+        bool, typer.Option(help="No JUnit report from the tests is an infra_error, not a zero.")
+    ] = False,
+    url: URL = None,
+    token: TOKEN = None,
+    as_json: AS_JSON = False,
+) -> None:
+    """Apply a patch, run the tests, print the outcome, reward and per-test counts.
+
+    Exit status: 0 passed, 1 failed, 124 timed out, 3 infra_error (mask that episode).
+    """
+    body: dict[str, Any] = {}
+    if command:
+        body["shell"] = " ".join(command)
+    if patch is not None:
+        body["patch"] = sys.stdin.read() if str(patch) == "-" else _read_text(patch)
+    if cwd:
+        body["cwd"] = cwd
+    if timeout is not None:
+        body["timeout_s"] = timeout
+    if require_report:
+        body["require_report"] = True
+    with _fleet(url, token) as fleet:
+        result = _run(lambda: _sandbox(fleet, lease_id).score(**body))
+    if as_json:
+        typer.echo(json.dumps(dict(result)))
+    else:
+        counts = ", ".join(f"{n} {k}" for k, n in result.counts.items() if n)
+        typer.echo(f"{result.outcome}\treward={result.reward:g}\t{counts or 'no per-test report'}")
+        if result.reason:
+            console.print(f"sandfleet: {result.reason}", markup=False, highlight=False)
+    raise typer.Exit(EVALUATE_EXIT[str(result.outcome)])
+
+
+EVALUATE_EXIT = {"passed": 0, "failed": 1, "timed_out": 124, "infra_error": 3}
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise _fail(RuntimeError(f"cannot read the patch {str(path)!r}: {error}")) from None
 
 
 @app.command()
