@@ -33,6 +33,15 @@ def serve(
         Path | None,
         typer.Option(help="Where runs' policy versions persist (default ~/.cache/sandfleet/policies.json)."),
     ] = None,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--image",
+            help="An image to serve, `LAYOUT:TAG` (an OCI layout, as `sandbox_image/build task` prints) or "
+            "`base`; repeat for several. Leases name an image by its tag; the first is the pool's own. "
+            "Default: the base image.",
+        ),
+    ] = None,
 ) -> None:
     """Serve leases on local gVisor sandboxes (root, no cluster): same API as `sandfleet gateway`."""
     import asyncio
@@ -42,23 +51,29 @@ def serve(
 
     from sandfleet.gateway.app import Runtime, create_app
     from sandfleet.gateway.auth import Authenticator, parse_token_file
-    from sandfleet.gateway.local import LocalBackend
+    from sandfleet.gateway.local import MAX_SANDBOXES, LocalBackend
     from sandfleet.gateway.runs import MemoryPolicyStore
     from sandfleet.gateway.serving import guarded_protocol
     from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, TenantSettings
     from sandfleet.local.errors import LocalRuntimeError
     from sandfleet.local.runtime import LocalRuntime
-    from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc
+    from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc, image_ref_from_layout
 
     console = Console(stderr=True)
     if not local:
         raise typer.BadParameter("serve has only the local runtime; use `sandfleet gateway` for Kubernetes")
     if token_file is None and host not in ("127.0.0.1", "localhost", "::1"):
         raise typer.BadParameter("without --token-file, serve only listens on loopback")
+    names = list(image or [])
+    if warm * max(len(names) + tasks, 1) > MAX_SANDBOXES:
+        raise typer.BadParameter(
+            f"--warm {warm} of each image exceeds the {MAX_SANDBOXES} sandboxes serve holds"
+        )
     try:
         with console.status("building (or finding) runsc and the sandbox image..."):
             runsc = asyncio.run(ensure_runsc())
-            image = asyncio.run(ensure_base_image())
+            base = asyncio.run(ensure_base_image())
+        images = [base if name == "base" else image_ref_from_layout(name) for name in names]
         if tasks:
             from sandfleet.rl.tasks import TaskBuildError, build_image
 
@@ -67,12 +82,13 @@ def serve(
                     built = build_image()
                 except TaskBuildError as error:
                     raise LocalRuntimeError(str(error)) from None
-            image = ImageRef(Path(built["layout"]), built["tag"], built["digest"])
+            images.insert(0, ImageRef(Path(built["layout"]), built["tag"], built["digest"]))
+        images = images or [base]
+        sandboxes = LocalRuntime(images[0], runsc)  # a fresh fleet key: only this process reaches agents
+        backend = LocalBackend(sandboxes, pool, images, warm)
     except LocalRuntimeError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
-    sandboxes = LocalRuntime(image, runsc)  # a fresh fleet key: only this process reaches its agents
-    backend = LocalBackend(sandboxes, pool, image.tag, warm)
     authenticator = Authenticator(
         static_tokens=parse_token_file(token_file.read_text()) if token_file else {},
         anonymous_allowed=token_file is None,
@@ -88,8 +104,12 @@ def serve(
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
         capacity=CapacitySettings(),  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
         tenancy=tenancy,
+        collectors=(backend.startup,),  # sandfleet_sandbox_startup_seconds, as the operator exports it
     )
-    console.print(f"sandfleet: serving pool {pool!r} ({warm} warm) on http://{host}:{port}")
+    served = ", ".join(f"{i.tag} ({i.digest[:19]})" for i in images)
+    console.print(
+        f"sandfleet: serving pool {pool!r} ({warm} warm of each of {served}) on http://{host}:{port}"
+    )
     uvicorn.run(
         create_app(runtime),
         host=host,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_LABELS, STARTUP_METRIC
+
 STARTUP_SECONDS = Histogram(
-    "sandfleet_sandbox_startup_seconds",
+    STARTUP_METRIC,
     "Sandbox spin-up by phase (scheduled, started, ready, total), from the Pod's own timestamps.",
-    ["pool", "region", "phase"],
-    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+    STARTUP_LABELS,
+    buckets=STARTUP_BUCKETS,
 )
 SANDBOXES = Gauge(
     "sandfleet_sandboxes",

@@ -202,6 +202,9 @@ class SandboxPod:
     expiry_annotation: float | None = None
     created_at: float = 0.0
     image_key: str = ""  # which image it runs (`image_key`), for leases by image
+    # The digest the runtime resolved its image to (a Pod's containerStatuses imageID), once known:
+    # with `template_hash`, exactly what an episode ran on.
+    image_digest: str = ""
     zone: str | None = None
     template_hash: str = ""
     node: str | None = None

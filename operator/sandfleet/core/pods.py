@@ -23,6 +23,10 @@ from sandfleet.core.resources import Resources
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 STARTUP_PHASES = ("scheduled", "started", "ready", "total")
+# Spin-up by phase, the same histogram from the operator (Pods) and from `serve --local` (runsc).
+STARTUP_METRIC: Final = "sandfleet_sandbox_startup_seconds"
+STARTUP_LABELS: Final = ("pool", "region", "phase")
+STARTUP_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300)
 
 # The in-sandbox agent runs as uid 0 *inside gVisor* and drops every exec to uid 1000 and the
 # verifier to uid 1001: switching uids needs a root supervisor, so the Pod cannot be runAsNonRoot.
@@ -216,6 +220,7 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
         expiry_annotation=_expiry_annotation(meta.get("annotations")),
         created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
         image_key=str(labels.get(api.IMAGE_KEY_LABEL, "")),
+        image_digest=_image_digest(status),
         zone=(spec.get("nodeSelector") or {}).get(api.ZONE_LABEL),
         template_hash=str(labels.get(api.TEMPLATE_HASH_LABEL, "")),
         node=spec.get("nodeName"),
@@ -225,6 +230,19 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
         prewarm=labels.get(PREWARM_LABEL) == "true",
         managed=labels.get(api.MANAGED_BY_LABEL) == api.MANAGED_BY,
     )
+
+
+def image_digest(image_id: str) -> str:
+    """The digest in a container's imageID (`docker.io/x@sha256:...`, `sha256:...`), or all of it."""
+    _, at, digest = image_id.rpartition("@")
+    return digest if at else image_id
+
+
+def _image_digest(status: Mapping[str, Any]) -> str:
+    for container in status.get("containerStatuses") or ():
+        if container.get("name") == api.SANDBOX_CONTAINER:
+            return image_digest(str(container.get("imageID") or ""))
+    return ""
 
 
 def _expiry_annotation(annotations: Mapping[str, str] | None) -> float | None:

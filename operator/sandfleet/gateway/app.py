@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import Histogram
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandfleet import __version__
@@ -44,6 +45,7 @@ class Runtime:
     capacity: CapacitySettings | None = None  # quotas and the overtaking rule; defaults when None
     policy_store: PolicyStore | None = None  # memory only when None
     tenancy: TenantSettings | None = None  # run owners, body caps and timeouts; defaults when None
+    collectors: tuple[Collector, ...] = ()  # the runtime's own metrics, served beside the gateway's
 
 
 class RequestMetrics:
@@ -77,6 +79,8 @@ class GatewayApp(FastAPI):
 def assemble(runtime: Runtime, tenancy: TenantSettings) -> Parts:
     """The objects the routes share, built from the runtime (defaults where it gives none)."""
     metrics = GatewayMetrics(metric_runs=tenancy.metric_runs)
+    for collector in runtime.collectors:
+        metrics.registry.register(collector)
     capacity = runtime.capacity or CapacitySettings()
     service = LeaseService(
         runtime.backend,

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import RegionSpec, SandboxPod
+from sandfleet.core.model import RegionSpec, SandboxPod, image_key
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 
 
@@ -25,9 +25,16 @@ class PoolInfo:
     # The most sandboxes (warm, starting and leased) the pool may ever hold: a group or a prefetch
     # above it can never be served, so it is refused at once.
     max_sandboxes: int = RegionSpec(name="").max_sandboxes
-    # Whether a prefetch can warm images other than the template's (the local runtime runs one):
-    # when not, an acquire for another image can never be served and is refused at once.
+    # Whether a prefetch can warm any image other than the template's (a cluster pulls what it is
+    # asked for): when not, an acquire for an image outside `served_images` can never be served and
+    # is refused at once.
     other_images: bool = True
+    # Images besides the template's that the pool always serves (the local runtime's `--image`s).
+    served_images: tuple[str, ...] = ()
+
+    def serves(self, image: str) -> bool:
+        """Whether `image` is the template's or one of `served_images` (compared by image key)."""
+        return image_key(image) in {image_key(i) for i in (self.image, *self.served_images)}
 
 
 class Backend(Protocol):
@@ -76,6 +83,9 @@ class Backend(Protocol):
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
         """Ask for `count` warm sandboxes of `image` for a while; the name of what was written."""
+
+    def demand(self, pool: str, image_key: str, waiting: int) -> None:
+        """Callers wait for `waiting` sandboxes of the shelf: a runtime that boots on demand starts some."""
 
 
 class SandboxIndex(MutableMapping[str, SandboxPod]):
@@ -166,3 +176,6 @@ class IndexedReads:
 
     def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         self.index.listeners.append(on_change)
+
+    def demand(self, pool: str, image_key: str, waiting: int) -> None:
+        """Nothing: a cluster's operator sizes pools from their lease rate (see core.autoscale)."""

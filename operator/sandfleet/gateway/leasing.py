@@ -179,7 +179,7 @@ class LeaseService:
     def pool_for_image(self, image: str) -> str:
         """The pool to lease `image` from: one whose template runs it, or that has it warm."""
         for pool in self.backend.pools():
-            if pool.image == image:
+            if pool.image == image or image in pool.served_images:
                 return pool.name
         key = image_key(image)
         for sandbox in self.backend.sandboxes():
@@ -191,10 +191,11 @@ class LeaseService:
         """Lease `count` sandboxes from the pool, waiting in its FIFO queue if none is warm."""
         pool = self.pool(request.pool)
         check_group(request.count, pool.name, pool.max_sandboxes, self.quotas)
-        if request.image and not pool.other_images and image_key(request.image) != image_key(pool.image):
+        if request.image and not pool.other_images and not pool.serves(request.image):
+            runs = ", ".join(repr(image) for image in (pool.image, *pool.served_images))
             raise CapacityError(
                 "image_not_served",
-                f"pool {pool.name!r} runs only {pool.image!r}, never {request.image!r}: "
+                f"pool {pool.name!r} runs only {runs}, never {request.image!r}: "
                 "leave out `image`, or lease from a pool whose template runs it",
             )
         ttl = choose_ttl(request.ttl_seconds, pool.default_ttl_seconds, pool.max_ttl_seconds)
@@ -407,6 +408,8 @@ class LeaseService:
             task = asyncio.ensure_future(self._claim_for(queue, waiter, chosen))
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
+        if queue.waiters:
+            self.backend.demand(*shelf, sum(waiter.missing for waiter in queue.waiters))
         self._wake_when_due(shelf, queue, now)
 
     def _wake_when_due(self, shelf: Shelf, queue: _PoolQueue, now: float) -> None:

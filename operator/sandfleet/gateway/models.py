@@ -114,6 +114,10 @@ class LeaseView(BaseModel):
     labels: dict[str, str]
     policy_version: int | None
     idempotency_key: str | None
+    image_digest: str = Field(
+        "", description="Digest of the image the sandbox runs (empty until the runtime reports it)."
+    )
+    template_hash: str = Field("", description="Hash of the pool template the sandbox was made from.")
 
     @classmethod
     def of(cls, lease: LeaseRecord, sandbox: SandboxPod) -> LeaseView:
@@ -129,6 +133,8 @@ class LeaseView(BaseModel):
             labels=lease.labels,
             policy_version=lease.policy_version,
             idempotency_key=lease.idempotency_key,
+            image_digest=sandbox.image_digest,
+            template_hash=sandbox.template_hash,
         )
 
 

@@ -47,6 +47,11 @@ class WarmPool:
         """Sandboxes ready to hand out now."""
         return len(self._ready)
 
+    @property
+    def creating_count(self) -> int:
+        """Sandboxes being created now (refills on their way)."""
+        return len(self._creating)
+
     def start(self) -> None:
         """Begin filling the pool in the background."""
         self._refill()

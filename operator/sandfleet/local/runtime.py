@@ -1,6 +1,7 @@
 """The local runtime: creates and destroys gVisor sandboxes with runsc, one network namespace each.
 
-One image is unpacked once and shared read-only (a read-only bind mount); every sandbox writes to
+Each image is unpacked once per digest and shared read-only (a read-only bind mount); a runtime
+serves its default image and any it is given with `add_image`. Every sandbox writes to
 its own in-memory overlay, runs in its own network namespace with its own address, and is held to
 its memory, CPU and process limits by cgroups. Destruction can run off the critical path; on start,
 debris from crashed runtimes is removed. A set-up sandbox can be checkpointed into a golden
@@ -58,6 +59,7 @@ class SandboxSpec:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     env: Mapping[str, str] = field(default_factory=dict)
     allow_host_ports: tuple[int, ...] = ()
+    image: ImageRef | None = None  # the runtime's default image when None (see LocalRuntime.add_image)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class RunscSandbox:
     limits: SandboxLimits
     timings: dict[str, float] = field(default_factory=dict)
     token: str = field(default="", repr=False)
+    image_digest: str = ""  # the manifest digest of the image it booted
 
     @property
     def url(self) -> str:
@@ -96,8 +99,17 @@ class Snapshot:
     token: str = field(default="", repr=False)
 
 
+@dataclass(frozen=True)
+class _Served:
+    """An image this runtime can boot: its config, and where its shared rootfs is mounted."""
+
+    image: ImageRef
+    config: ImageConfig
+    rootfs: Path
+
+
 class LocalRuntime:
-    """Creates gVisor sandboxes from one image on this host; use as an async context manager."""
+    """Creates gVisor sandboxes from its images on this host; use as an async context manager."""
 
     def __init__(
         self,
@@ -129,7 +141,7 @@ class LocalRuntime:
         self.sandboxes: dict[str, RunscSandbox] = {}
         self._specs: dict[str, SandboxSpec] = {}
         self.cleanup_report: hoststate.CleanupReport | None = None
-        self._config: ImageConfig | None = None
+        self._served: dict[str, _Served] = {}  # by manifest digest
         self._lock_fd: int | None = None
         self._counter = itertools.count(1)
         self._pending_destroys: set[asyncio.Task[None]] = set()
@@ -169,15 +181,39 @@ class LocalRuntime:
         self.cleanup_report = await hoststate.clean_dead_instances(self.runsc, self.state_dir, self.slots)
         if self.cleanup_report.instances:
             log.warning("removed debris of crashed runtimes: %s", self.cleanup_report)
-        self._config = read_image_config(self.image)
-        shared = await ensure_rootfs(self.image)
-        self.rootfs.mkdir()
         self.runsc_root.mkdir()
-        # One read-only bind mount shared by all sandboxes: nothing in a sandbox can write to it.
-        await run_command(["mount", "--bind", str(shared), str(self.rootfs)])
-        await run_command(["mount", "-o", "remount,bind,ro", str(self.rootfs)])
+        await self._serve(self.image, self.rootfs)
         await network.install_firewall()
         self._client = httpx.AsyncClient(timeout=READY_ATTEMPT_TIMEOUT_S, trust_env=False)
+
+    async def add_image(self, image: ImageRef) -> None:
+        """Serve another image too: unpacked once per digest (cached), mounted read-only like the first."""
+        if self._lock_fd is None:
+            raise LocalRuntimeError("the runtime is not started")
+        if image.digest not in self._served:
+            await self._serve(image, self.instance_dir / "images" / image.digest.replace(":", "-"))
+
+    @property
+    def images(self) -> list[ImageRef]:
+        """The images this runtime boots, its default first."""
+        return [served.image for served in self._served.values()]
+
+    async def _serve(self, image: ImageRef, mountpoint: Path) -> None:
+        config = read_image_config(image)
+        shared = await ensure_rootfs(image)
+        await asyncio.to_thread(mountpoint.mkdir, parents=True)
+        # One read-only bind mount shared by all sandboxes: nothing in a sandbox can write to it.
+        # It also tells `sandbox_image/build prune` that this unpacked root is in use.
+        await run_command(["mount", "--bind", str(shared), str(mountpoint)])
+        await run_command(["mount", "-o", "remount,bind,ro", str(mountpoint)])
+        self._served[image.digest] = _Served(image, config, mountpoint)
+
+    def _image_of(self, spec: SandboxSpec) -> _Served:
+        image = spec.image or self.image
+        served = self._served.get(image.digest)
+        if served is None:
+            raise LocalRuntimeError(f"image {image.tag} ({image.digest}) is not served: add_image it first")
+        return served
 
     async def close(self) -> None:
         """Destroy every sandbox, wait for pending teardowns, and remove the instance's state."""
@@ -246,8 +282,9 @@ class LocalRuntime:
         return snapshot
 
     async def _start_sandbox(self, spec: SandboxSpec, snapshot: Snapshot | None) -> RunscSandbox:
-        if self._lock_fd is None or self._config is None:
+        if self._lock_fd is None:
             raise LocalRuntimeError("the runtime is not started")
+        served = self._image_of(spec)
         started = time.monotonic()
         sandbox_id = f"{hoststate.container_prefix(self.instance_id)}{next(self._counter)}"
         slot = self.slots.claim(self.instance_id)
@@ -261,6 +298,7 @@ class LocalRuntime:
             bundle=bundle,
             limits=spec.limits,
             token=_token_for(self.fleet_key, sandbox_id, spec, snapshot),
+            image_digest=served.image.digest,
         )
         self.sandboxes[sandbox_id] = sandbox
         self._specs[sandbox_id] = spec
@@ -270,7 +308,7 @@ class LocalRuntime:
                 await network.allow_host_ports(slot, spec.allow_host_ports)
             networked = time.monotonic()
             bundle.mkdir(parents=True)
-            (bundle / "config.json").write_text(json.dumps(self._oci_spec(sandbox, spec)))
+            (bundle / "config.json").write_text(json.dumps(self._oci_spec(sandbox, spec, served)))
             if snapshot is None:
                 await self._runsc_start(sandbox, ["run", "--detach", f"--bundle={bundle}"])
             else:
@@ -403,9 +441,8 @@ class LocalRuntime:
         for listener in list(self.loss_listeners):
             listener(sandbox)
 
-    def _oci_spec(self, sandbox: RunscSandbox, spec: SandboxSpec) -> dict[str, object]:
-        assert self._config is not None
-        config = self._config
+    def _oci_spec(self, sandbox: RunscSandbox, spec: SandboxSpec, served: _Served) -> dict[str, object]:
+        config = served.config
         limits = spec.limits
         quota, period = limits.cpu_quota()
         env = [
@@ -431,7 +468,7 @@ class LocalRuntime:
                     {"type": "RLIMIT_NPROC", "hard": limits.pids, "soft": limits.pids},
                 ],
             },
-            "root": {"path": str(self.rootfs), "readonly": False},
+            "root": {"path": str(served.rootfs), "readonly": False},
             "mounts": [
                 {"destination": "/proc", "type": "proc", "source": "proc"},
                 {

@@ -60,3 +60,34 @@ def image_ref_from_json(line: str) -> ImageRef:
         return ImageRef(layout=Path(data["layout"]), tag=str(data["tag"]), digest=str(data["digest"]))
     except (ValueError, KeyError, TypeError):
         raise LocalRuntimeError(f"unexpected output from sandbox_image/build: {line[:200]!r}") from None
+
+
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def image_ref_from_layout(reference: str) -> ImageRef:
+    """An image named `LAYOUT:TAG` (umoci's form), or `LAYOUT` when that layout holds one tag.
+
+    The digest is the layout's own record of the tag (index.json), so a lease can report exactly
+    what it runs.
+    """
+    path, _, tag = reference.rpartition(":") if ":" in reference else (reference, "", "")
+    if path and not Path(path).is_dir():  # `:` inside the directory name, no tag after it
+        path, tag = reference, ""
+    layout = Path(path)
+    try:
+        index = json.loads((layout / "index.json").read_text())
+        manifests = [m for m in index["manifests"] if isinstance(m, dict)]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise LocalRuntimeError(f"{layout} is not an OCI image layout (no readable index.json)") from None
+    tagged = {
+        str((m.get("annotations") or {}).get(REF_NAME, "")): str(m.get("digest", "")) for m in manifests
+    }
+    tagged.pop("", None)
+    if not tag:
+        if len(tagged) != 1:
+            raise LocalRuntimeError(f"{layout} holds tags {sorted(tagged) or 'none'}: name one as LAYOUT:TAG")
+        (tag,) = tagged
+    if tag not in tagged:
+        raise LocalRuntimeError(f"{layout} has no tag {tag!r} (it has {', '.join(sorted(tagged)) or 'none'})")
+    return ImageRef(layout=layout, tag=tag, digest=tagged[tag])

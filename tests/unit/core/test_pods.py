@@ -11,7 +11,14 @@ from sandfleet.core.model import (
     pool_from_object,
     prewarm_from_object,
 )
-from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, sandbox_pod, startup_phases
+from sandfleet.core.pods import (
+    image_digest,
+    node_from_object,
+    pod_usage,
+    sandbox_from_pod,
+    sandbox_pod,
+    startup_phases,
+)
 from sandfleet.core.resources import Resources
 
 POOL_OBJECT: dict[str, Any] = {
@@ -120,6 +127,23 @@ def _ready_pod(**status: Any) -> dict[str, Any]:
             **status,
         },
     }
+
+
+def test_a_sandbox_reports_the_digest_its_node_resolved_the_image_to() -> None:
+    pool = pool_from_object(POOL_OBJECT)
+    pod = sandbox_pod(pool, pool.template, name="python-1", region="us-east1", zone=None)
+    assert sandbox_from_pod(pod).image_digest == ""  # type: ignore[union-attr]  # not started yet
+    digest = "sha256:" + "ab" * 32
+    pod["status"] = {
+        "containerStatuses": [
+            {"name": "sidecar", "imageID": "docker.io/other@sha256:" + "cd" * 32},
+            {"name": api.SANDBOX_CONTAINER, "imageID": f"docker.io/sandfleet/sandbox@{digest}"},
+        ]
+    }
+    sandbox = sandbox_from_pod(pod)
+    assert sandbox is not None
+    assert (sandbox.image_digest, sandbox.template_hash) == (digest, pool.template.hash)
+    assert image_digest(digest) == digest  # containerd may report the bare digest
 
 
 def test_startup_phases_come_from_the_pods_own_timestamps() -> None:
