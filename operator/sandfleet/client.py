@@ -116,6 +116,8 @@ class Lease:
     labels: dict[str, str]
     policy_version: int | None
     timings: dict[str, float] = field(default_factory=dict)
+    image_digest: str = ""  # exactly what the episode runs on: the image's digest ...
+    template_hash: str = ""  # ... and the hash of the pool template its sandbox was made from
 
     @classmethod
     def of(cls, data: dict[str, Any], timings: dict[str, float] | None = None) -> Lease:
@@ -128,6 +130,8 @@ class Lease:
             labels=data.get("labels", {}),
             policy_version=data.get("policy_version"),
             timings=timings or {},
+            image_digest=str(data.get("image_digest") or ""),
+            template_hash=str(data.get("template_hash") or ""),
         )
 
 
