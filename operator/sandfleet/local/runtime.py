@@ -193,11 +193,6 @@ class LocalRuntime:
         if image.digest not in self._served:
             await self._serve(image, self.instance_dir / "images" / image.digest.replace(":", "-"))
 
-    @property
-    def images(self) -> list[ImageRef]:
-        """The images this runtime boots, its default first."""
-        return [served.image for served in self._served.values()]
-
     async def _serve(self, image: ImageRef, mountpoint: Path) -> None:
         config = read_image_config(image)
         shared = await ensure_rootfs(image)
