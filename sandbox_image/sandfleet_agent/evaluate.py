@@ -23,7 +23,7 @@ from http import HTTPStatus
 from pathlib import Path
 
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
-from sandfleet_agent.params import optional_str
+from sandfleet_agent.params import optional_bool, optional_str
 from sandfleet_agent.paths import Workspace
 from sandfleet_agent.process import (
     ExecSpec,
@@ -156,16 +156,6 @@ def outcome_of(
     if timed_out:
         return "timed_out", "the tests ran past their timeout and were killed"
     return ("passed", None) if reward >= 1.0 else ("failed", None)
-
-
-def optional_bool(body: Mapping[str, object], name: str) -> bool:
-    """A boolean field of the body, False when absent."""
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad_request(f"{name!r} must be true or false")
-    return value
 
 
 def _junit_name(raw: str | None) -> str:

@@ -19,6 +19,16 @@ def optional_str(body: Mapping[str, object], key: str) -> str | None:
     return value
 
 
+def optional_bool(body: Mapping[str, object], key: str) -> bool:
+    """Return a boolean field, or False when absent or null."""
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"field {key!r} must be true or false")
+    return value
+
+
 def optional_float(body: Mapping[str, object], key: str, *, minimum: float, maximum: float) -> float | None:
     """Return a number field within bounds, or None when absent or null."""
     value = body.get(key)

@@ -40,7 +40,7 @@ async def test_a_process_left_by_an_earlier_exec_cannot_forge_the_reward_or_the_
     result = (await agent.post("/v1/evaluate", json={"shell": FAILING_TESTS})).json()
     assert (result["reward"], result["reward_source"]) == (0.0, "exit_code"), result
     assert result["tests"] == []
-    assert result["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    assert result["counts"] == {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0}
     survivors = await sh(agent, "pgrep -u 1000 -f 'sh /tmp/[t]amper.sh' | wc -l")
     assert int(str(survivors["stdout"])) == 0
 
@@ -59,7 +59,7 @@ async def test_the_verifier_runs_as_its_own_user_in_a_directory_the_sandbox_user
     result = (await agent.post("/v1/evaluate", json={"shell": script})).json()
     assert result["exec"]["stdout_tail"].split() == ["1001", "1001", "/home/verifier", "ro"]
     assert (result["reward"], result["reward_source"]) == (0.5, "reward_file")
-    assert result["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
+    assert result["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 0, "xfailed": 0}
     after = await sh(agent, "stat -c '%u %a' /logs/verifier; echo 1.0 > /logs/verifier/reward.txt")
     assert str(after["stdout"]).split() == ["1001", "755"]
     assert "Permission denied" in str(after["stderr"])
