@@ -29,6 +29,8 @@ def _register_commands() -> None:
         rl_commands,
         run_commands,
         serve_commands,
+        task_commands,
+        task_factory_commands,
     )
 
 

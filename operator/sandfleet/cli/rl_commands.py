@@ -21,6 +21,7 @@ from sandfleet.cli.client_commands import TOKEN, URL, console
 
 if TYPE_CHECKING:
     from sandfleet.rl.loop import Learner, LoopStats
+    from sandfleet.rl.tasks import Task
 
 GATEWAY_URL = Annotated[
     str | None,
@@ -39,18 +40,41 @@ RUN = Annotated[
 ]
 SEED = Annotated[int, typer.Option(envvar="SANDFLEET_SEED", help="Random seed.")]
 DURATION = Annotated[float, typer.Option(min=0, help="Seconds to run; 0 runs until SIGTERM or SIGINT.")]
+TASKS = Annotated[
+    Path | None,
+    typer.Option(
+        "--tasks",
+        envvar="SANDFLEET_TASKS",
+        help="A task catalogue (tasks/catalogue.yaml) to sample from; default: the three built-in tasks.",
+    ),
+]
 
 rl = typer.Typer(help="The reference RL loop: real tasks, async actors, a learner.", no_args_is_help=True)
 app.add_typer(rl, name="rl")
 
 
+def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
+    """The built-in tasks, or a catalogue's; a bad catalogue is one line and exit code 1."""
+    from sandfleet.rl.tasks import TASKS as BUILT_IN
+    from sandfleet.rl.tasks import TaskBuildError, from_catalogue
+
+    if catalogue is None:
+        return BUILT_IN
+    try:
+        return from_catalogue(catalogue)
+    except TaskBuildError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+
+
 @rl.command("build-tasks")
-def build_tasks() -> None:
+def build_tasks(tasks: TASKS = None) -> None:
     """Fetch the tasks' packages from PyPI (cached), break them, build the task image (root)."""
     from sandfleet.rl.tasks import TaskBuildError, build_image
 
     try:
-        typer.echo(json.dumps(build_image()))
+        name = f"tasks-{tasks.stem}" if tasks is not None else "sandfleet-rl-tasks"
+        typer.echo(json.dumps(build_image(_tasks(tasks), name)))
     except TaskBuildError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
@@ -69,6 +93,7 @@ def run(
     think: Annotated[float, typer.Option(min=0, help="Simulated generation seconds per episode.")] = 0.2,
     plots: Annotated[Path | None, typer.Option(help="Directory for reward.svg and profile.svg.")] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Write the summary as JSON here.")] = None,
+    tasks: TASKS = None,
     url: URL = None,
     token: TOKEN = None,
 ) -> None:
@@ -93,6 +118,7 @@ def run(
         batch_size=batch_size,
         staleness_bound=staleness_bound,
         think_seconds=think,
+        tasks=_tasks(tasks),
     )
 
     def progress(stats: LoopStats) -> None:
@@ -173,6 +199,7 @@ def learner(
     ] = "numpy",
     seed: SEED = 0,
     duration: DURATION = 0.0,
+    tasks: TASKS = None,
     url: GATEWAY_URL = None,
     token: TOKEN = None,
     token_file: TOKEN_FILE = None,
@@ -189,7 +216,7 @@ def learner(
     if mode not in ("refuse", "flag"):
         raise typer.BadParameter("--mode must be refuse or flag")
     config = LoopConfig(run=run_name, batch_size=batch_size, staleness_bound=staleness_bound, mode=mode,
-                        learning_rate=learning_rate, clip=clip, seed=seed)  # fmt: skip
+                        learning_rate=learning_rate, clip=clip, seed=seed, tasks=_tasks(tasks))  # fmt: skip
     try:
         resolved = resolve_device(device)
         policy = make_policy({t.name: len(t.candidates) for t in config.tasks}, resolved, seed)
@@ -236,6 +263,7 @@ def actor(
     ] = 30.0,
     seed: SEED = 0,
     duration: DURATION = 0.0,
+    tasks: TASKS = None,
     url: GATEWAY_URL = None,
     token: TOKEN = None,
     token_file: TOKEN_FILE = None,
@@ -250,7 +278,7 @@ def actor(
 
     base = name or socket.gethostname()
     names = [base] if concurrency == 1 else [f"{base}-{i}" for i in range(concurrency)]
-    config = LoopConfig(run=run_name, pool=pool, think_seconds=think, seed=seed)
+    config = LoopConfig(run=run_name, pool=pool, think_seconds=think, seed=seed, tasks=_tasks(tasks))
 
     def progress(stats: LoopStats) -> None:
         recent = stats.rewards[-20:]

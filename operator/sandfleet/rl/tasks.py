@@ -5,8 +5,9 @@ into `/workspace/tasks/<name>`, with one line broken by us. The agent's actions 
 of that line (one restores the original); the reward is the package's own tests, run in the sandbox
 by `evaluate`. pytest travels as wheels in `/workspace/.deps` (the image has no pip and no network).
 
-To add a task: append a `Task` (pin the sdist, name the line to break, list candidate edits with the
-original among them, give the package's test command), then `python -m sandfleet.rl build-tasks`.
+The three built-in tasks below are the default. Any catalogue (tasks/catalogue.yaml, docs/tasks.md)
+replaces them: `from_catalogue` turns its edit bugs into the same `Task`s, and
+`sandfleet rl build-tasks --tasks CATALOGUE` builds their image.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Task:
     broken: str  # the line after our bug patch
     candidates: tuple[str, ...]  # replacements for the broken line; `original` is one of them
     tests: str  # the package's own tests, run in the package directory
+    command: str = ""  # a catalogue task's whole test command (then `tests` is unused)
 
     @property
     def cwd(self) -> str:
@@ -51,6 +53,8 @@ class Task:
 
     @property
     def test_command(self) -> str:
+        if self.command:
+            return f"PYTHONPATH={WORKSPACE}/.deps:. {self.command}"
         return f"PYTHONPATH={WORKSPACE}/.deps:. python3 -m pytest -q -rA -p no:cacheprovider {self.tests}"
 
     @property
@@ -125,7 +129,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SANDFLEET_CACHE", Path.home() / ".cache" / "sandfleet")) / "rl-tasks"
 
 
-def _pip(args: list[str], dest: Path) -> None:
+def pip_download(args: list[str], dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--dest", str(dest), *args]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
@@ -141,9 +145,9 @@ def prepare_workspace(
     downloads, workspace = downloads or root / "downloads", root / "workspace"
     for task in tasks:
         if not any(downloads.glob(f"{task.directory}.tar.gz")):
-            _pip(["--no-binary", ":all:", task.sdist], downloads)
+            pip_download(["--no-binary", ":all:", task.sdist], downloads)
     if not all(any(downloads.glob(f"{w.split('==')[0]}-*.whl")) for w in TEST_WHEELS):
-        _pip(["--only-binary", ":all:", *TEST_WHEELS], downloads)
+        pip_download(["--only-binary", ":all:", *TEST_WHEELS], downloads)
     shutil.rmtree(workspace, ignore_errors=True)
     (workspace / "tasks").mkdir(parents=True)
     for wheel in sorted(downloads.glob("*.whl")):
@@ -163,15 +167,49 @@ def prepare_workspace(
     return workspace
 
 
-def build_image(tasks: tuple[Task, ...] = TASKS) -> dict[str, str]:
+def build_image(tasks: tuple[Task, ...] = TASKS, name: str = IMAGE_NAME) -> dict[str, str]:
     """Build (or find cached) the task image on top of the base image; its JSON description."""
     workspace = prepare_workspace(tasks)
-    argv = [str(IMAGE_BUILD), "--json", "task", "--name", IMAGE_NAME, "--workspace", str(workspace)]
+    argv = [str(IMAGE_BUILD), "--json", "task", "--name", name, "--workspace", str(workspace)]
     result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=1800, check=False)
     if result.returncode != 0:
         raise TaskBuildError("sandbox_image/build task failed (its output is above)")
     data: dict[str, str] = json.loads(result.stdout.strip().splitlines()[-1])
     return data
+
+
+def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]:
+    """A catalogue's tasks (sdist sources, edit bugs with candidates) as the loop's tasks."""
+    from sandfleet.tasks.catalogue import CatalogueError, parse_catalogue
+
+    try:
+        catalogue = parse_catalogue(path.read_text(), str(path))
+        chosen = catalogue.select(ids)
+    except (OSError, CatalogueError, KeyError) as error:
+        raise TaskBuildError(str(error).strip("'\"")) from None
+    tasks = []
+    for entry in chosen:
+        source = catalogue.sources[entry.source]
+        edit = entry.bug.edit
+        if source.sdist is None or source.directory is None or edit is None:
+            raise TaskBuildError(f"task {entry.id}: the RL loop takes sdist sources with an edit bug")
+        candidates = tuple(entry.candidates) or (edit.find, edit.replace)
+        if edit.find not in candidates:
+            raise TaskBuildError(f"task {entry.id}: its candidates must include the original text")
+        tasks.append(
+            Task(
+                name=entry.id,
+                sdist=source.sdist,
+                directory=source.directory,
+                path=edit.file,
+                original=edit.find,
+                broken=edit.replace,
+                candidates=candidates,
+                tests="",
+                command=source.test_command,
+            )
+        )
+    return tuple(tasks)
 
 
 def by_name(name: str) -> Task:

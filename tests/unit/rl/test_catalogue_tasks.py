@@ -1,0 +1,41 @@
+"""The RL loop's tasks from a catalogue: each edit bug becomes a task whose candidates hold the original."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandfleet.rl.tasks import TaskBuildError, apply_edit, from_catalogue
+from tests.unit.tasks.test_catalogue import VALID
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_catalogues_tasks_become_loop_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(VALID)
+    (task,) = from_catalogue(path)
+    assert task.name == "demo-1.0-one"
+    assert task.directory == "demo-1.0"
+    assert task.sdist == "demo==1.0"
+    assert task.candidates[task.correct] == "x < 1"
+    assert apply_edit("if x >= 1:", task.broken, task.original) == "if x < 1:"
+    assert task.test_command.endswith("python3 -m pytest -q -p no:cacheprovider")
+    assert task.cwd == "/workspace/tasks/demo-1.0-one"
+
+
+def test_the_shipped_catalogue_is_loop_ready() -> None:
+    tasks = from_catalogue(REPO / "tasks" / "catalogue.yaml")
+    assert len({t.name for t in tasks}) == len(tasks)
+    assert all(t.candidates[t.correct] == t.original and t.broken in t.candidates for t in tasks)
+
+
+def test_a_bad_catalogue_or_id_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(VALID.replace("sdist: demo==1.0", "sdist: demo"))
+    with pytest.raises(TaskBuildError, match=r"c.yaml:4: sources.demo-1.0.sdist"):
+        from_catalogue(path)
+    path.write_text(VALID)
+    with pytest.raises(TaskBuildError, match="no task nope"):
+        from_catalogue(path, ["nope"])
