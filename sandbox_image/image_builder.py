@@ -11,6 +11,7 @@ manifest digest. Run through `sandbox_image/build`; needs root.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +30,21 @@ AGENT_SOURCE = HERE / "sandfleet_agent"
 BUILDER_VERSION = "1"
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-# Debian packages of the base image: python3 runs the agent, git applies patches and serves tasks.
-PACKAGES = ("python3", "git", "ca-certificates", "procps", "patch")
+# Debian packages of the base image: python3 runs the agent, git applies patches and serves tasks,
+# python3-venv carries ensurepip's wheels, from which the image's task venv gets `python3 -m pip`.
+PACKAGES = ("python3", "python3-venv", "git", "ca-certificates", "procps", "patch")
 SANDBOX_UID = 1000
 SANDBOX_USER = "sandbox"
 VERIFIER_UID = 1001
 VERIFIER_USER = "verifier"
 # The agent's user in the image config: root inside gVisor (the sentry's, not the host's).
 AGENT_USER = "0:0"
+# Tasks install into this venv, first on every command's PATH, and never into Debian's python: PEP 668
+# marks that one externally managed, and the agent (root) runs on it, so a task's packages must not
+# shadow what it imports. The venv is root's after the build: the episode cannot plant a pytest
+# plugin or a .pth file that the verifier's test run would then load.
+TASK_VENV = "/opt/venv"
+IMAGE_PATH = f"{TASK_VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAG = "sandfleet"
 SOURCE_DATE_EPOCH = 1_700_000_000
 # Trimmed from the rootfs: documentation and translations are dead weight in a sandbox.
@@ -67,7 +76,7 @@ class BuildError(Exception):
 
 @dataclass(frozen=True)
 class BuiltImage:
-    """Where a built image lives and what it is."""
+    """Where a built image lives and what it is (for a task image also where from and its set-up log)."""
 
     key: str
     digest: str
@@ -76,10 +85,12 @@ class BuiltImage:
     archive: Path
     seconds: float
     cached: bool
+    log: Path | None = None
+    source: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, object]:
         """The result as printed with --json."""
-        return {
+        result: dict[str, object] = {
             "key": self.key,
             "digest": self.digest,
             "layout": str(self.layout),
@@ -88,12 +99,45 @@ class BuiltImage:
             "seconds": round(self.seconds, 3),
             "cached": self.cached,
         }
+        if self.log is not None:
+            result["log"] = str(self.log)
+        if self.source is not None:
+            result["source"] = dict(self.source)
+        return result
 
 
 def cache_root() -> Path:
     """~/.cache/sandfleet/images, or under $SANDFLEET_CACHE."""
     base = os.environ.get("SANDFLEET_CACHE") or os.path.expanduser("~/.cache/sandfleet")
     return Path(base) / "images"
+
+
+_lock_depth = 0
+
+
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """One build at a time per cache: a second caller waits, then finds the result cached.
+
+    Re-entrant within a process, so the command line and the Python API can both take it.
+    """
+    global _lock_depth
+    if _lock_depth:
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+        return
+    cache_root().mkdir(parents=True, exist_ok=True)
+    lock = os.open(cache_root() / ".build.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_depth = 1
+        yield
+    finally:
+        _lock_depth = 0
+        os.close(lock)
 
 
 def progress(message: str) -> None:
@@ -242,6 +286,7 @@ def cached(key: str) -> BuiltImage | None:
     if not result.exists():
         return None
     data = json.loads(result.read_text())
+    source = data.get("source")
     return BuiltImage(
         key=key,
         digest=str(data["digest"]),
@@ -250,12 +295,23 @@ def cached(key: str) -> BuiltImage | None:
         archive=Path(str(data["archive"])),
         seconds=0.0,
         cached=True,
+        log=Path(str(data["log"])) if data.get("log") else None,
+        source={str(k): str(v) for k, v in source.items()} if isinstance(source, dict) else None,
     )
 
 
 def base_key(mirror: str) -> str:
     """The cache key of the base image: every input that changes its content."""
-    inputs = [BUILDER_VERSION, SUITE, mirror, PACKAGES, DPKG_EXCLUDES, AGENT_ENTRYPOINT, AGENT_USER]
+    inputs = [
+        BUILDER_VERSION,
+        SUITE,
+        mirror,
+        PACKAGES,
+        DPKG_EXCLUDES,
+        AGENT_ENTRYPOINT,
+        AGENT_USER,
+        IMAGE_PATH,
+    ]
     inputs.append(hash_tree(AGENT_SOURCE))
     inputs.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest())
     return "base-" + hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
@@ -285,9 +341,10 @@ def build_base(mirror: str) -> BuiltImage:
             what="untar rootfs",
         )
         repack(image, bundle, "Debian bookworm rootfs")
-        progress("layer 2/2: the agent, /workspace and /logs")
+        progress(f"layer 2/2: the agent, /workspace, /logs and the task venv {TASK_VENV}")
         install_agent(bundle / "rootfs")
-        repack(image, bundle, "sandfleet agent")
+        make_task_venv(bundle / "rootfs")
+        repack(image, bundle, "sandfleet agent and task venv")
         configure(image)
         built = finish(key, work, TAG, started)
     except BaseException:
@@ -347,6 +404,21 @@ def install_agent(rootfs: Path) -> None:
         os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
 
 
+def make_task_venv(rootfs: Path) -> None:
+    """Create the root-owned task venv with pip (from Debian's ensurepip wheels, so offline)."""
+    run(
+        ["chroot", str(rootfs), "/usr/bin/env", "-i", "/usr/bin/python3", "-m", "venv", TASK_VENV],
+        what=f"creating the task venv {TASK_VENV}",
+    )
+    settle_mtimes(rootfs / TASK_VENV.lstrip("/"))
+
+
+def settle_mtimes(root: Path) -> None:
+    """Stamp a tree with SOURCE_DATE_EPOCH so the layer does not depend on when it was built."""
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+
+
 def configure(image: str) -> None:
     """Set the image config: the agent (root inside gVisor) as entrypoint, the work dir."""
     umoci(
@@ -361,7 +433,7 @@ def configure(image: str) -> None:
         "sandfleet agent config",
         f"--config.user={AGENT_USER}",
         "--config.workingdir=/workspace",
-        "--config.env=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        f"--config.env=PATH={IMAGE_PATH}",
         "--config.env=PYTHONPATH=/opt/sandfleet/agent",
         "--config.env=HOME=/home/sandbox",
         "--config.env=LANG=C.UTF-8",
@@ -373,56 +445,11 @@ def configure(image: str) -> None:
 
 
 def build_task(mirror: str, name: str, workspace: Path, setup: str | None) -> BuiltImage:
-    """Build (or reuse) a task image: the base plus the task's repository and set-up as one layer.
+    """A task image from a directory: `task_image.build_task_image`, the one implementation."""
+    import task_image
 
-    The set-up command runs in a chroot of the image as the sandbox user, with the host's network:
-    task definitions are trusted build inputs, not episode code.
-    """
-    if not workspace.is_dir():
-        raise BuildError(f"--workspace {str(workspace)!r} is not a directory")
-    base = build_base(mirror)
-    inputs = [base.key, name, hash_tree(workspace), setup]
-    key = "task-" + hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
-    hit = cached(key)
-    if hit is not None:
-        progress(f"task image {name!r} cached: {key}")
-        return hit
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root()))
-    tag = f"task-{name}"
-    try:
-        layout, bundle = work / "layout", work / "bundle"
-        # Blobs are content-addressed and never modified: hard links copy the base for free.
-        run(["cp", "-al", str(base.layout), str(layout)], what="linking the base layout")
-        umoci("tag", "--image", f"{layout}:{TAG}", tag, what="tag")
-        image = f"{layout}:{tag}"
-        progress(f"task {name!r}: unpacking the base")
-        umoci("unpack", "--image", image, str(bundle), what="unpack")
-        rootfs = bundle / "rootfs"
-        progress(f"task {name!r}: adding {workspace} as /workspace")
-        run(["cp", "-a", f"{workspace}/.", str(rootfs / "workspace")], what="copying the task")
-        run(["chown", "-R", f"{SANDBOX_UID}:{SANDBOX_UID}", str(rootfs / "workspace")], what="chown")
-        if setup:
-            progress(f"task {name!r}: running set-up: {setup}")
-            run(
-                [
-                    "chroot",
-                    f"--userspec={SANDBOX_UID}:{SANDBOX_UID}",
-                    str(rootfs),
-                    "/bin/sh",
-                    "-c",
-                    f"cd /workspace && HOME=/home/{SANDBOX_USER} {setup}",
-                ],
-                what="task set-up",
-            )
-        repack(image, bundle, f"task {name}")
-        umoci("rm", "--image", f"{layout}:{TAG}", what="untag base")
-        built = finish(key, work, tag, started)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    progress(f"task image {name!r} built in {built.seconds:.1f} s")
-    return built
+    source = task_image.TaskSource.directory(workspace)
+    return task_image.build_task_image(name, source, setup=setup, mirror=mirror)
 
 
 def prune(mirror: str) -> list[str]:
@@ -459,46 +486,44 @@ def _mounted(directory: Path) -> bool:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Read the command line."""
+    import task_image
+
     parser = argparse.ArgumentParser(prog="sandbox_image/build", description=__doc__)
     parser.add_argument("--mirror", default=os.environ.get("SANDFLEET_DEBIAN_MIRROR", DEFAULT_MIRROR))
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("base", help="the base image (the default)")
     sub.add_parser("prune", help="remove cached images and rootfs other than the current base")
-    task = sub.add_parser("task", help="a task image on top of the base")
-    task.add_argument("--name", required=True, help="task name; the image tag becomes task-<name>")
-    task.add_argument("--workspace", required=True, type=Path, help="directory copied to /workspace")
-    task.add_argument("--setup", help="shell command run in /workspace as the sandbox user")
+    task_image.add_task_arguments(sub.add_parser("task", help="a task image on top of the base"))
     return parser.parse_args(argv)
+
+
+def _build_base_from_args(args: argparse.Namespace) -> BuiltImage:
+    return build_base(args.mirror)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Build and print the digest (and, with --json, the whole result)."""
+    import task_image
+
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if os.geteuid() != 0:
         print("image: building needs root (mmdebstrap --mode=root, umoci unpack)", file=sys.stderr)
         return 2
-    cache_root().mkdir(parents=True, exist_ok=True)
-    # One build at a time per cache: a second caller waits, then finds the result cached.
-    lock = os.open(cache_root() / ".build.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
-        if args.command == "prune":
-            for name in prune(args.mirror):
-                progress(f"removed {name}")
-            return 0
-        if args.command == "task":
-            if not all(ch.isalnum() or ch in "-_." for ch in args.name):
-                raise BuildError("--name may only hold letters, digits, '-', '_' and '.'")
-            image = build_task(args.mirror, args.name, args.workspace, args.setup)
-        else:
-            image = build_base(args.mirror)
+        with build_lock():
+            if args.command == "prune":
+                for name in prune(args.mirror):
+                    progress(f"removed {name}")
+                return 0
+            build = task_image.build_from_args if args.command == "task" else _build_base_from_args
+            image = build(args)
     except BuildError as error:
         print(f"image: {error}", file=sys.stderr)
         return 1
-    finally:
-        os.close(lock)
     progress(f"digest {image.digest} ({image.layout}:{image.tag})")
+    if image.log is not None:
+        progress(f"set-up log: {image.log}")
     if args.json:
         print(json.dumps(image.to_json()))
     else:
@@ -507,4 +532,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Through the imported module, never this __main__ copy: task_image imports image_builder, and
+    # two copies would hold two build locks (and wait on each other) and two lock depths.
+    import image_builder
+
+    sys.exit(image_builder.main())
