@@ -193,10 +193,15 @@ async def _check_one(
             await sandbox.write_file(f"{cwd}/{path}", content)
 
         async def evaluate(patch: str | None = None) -> tuple[float, dict[str, str]]:
-            body: dict[str, object] = {"shell": command, "cwd": cwd, "timeout_s": timeouts.test_s}
+            # pytest always writes its JUnit report: without one the run says nothing (infra_error).
+            body: dict[str, object] = {
+                "shell": command, "cwd": cwd, "timeout_s": timeouts.test_s, "require_report": True,
+            }  # fmt: skip
             if patch:
                 body["patch"] = patch
             result = await sandbox.evaluate(**body)
+            if str(result.outcome) in ("infra_error", "timed_out"):
+                problems.append(f"an evaluation was {result.outcome}: {result.reason or 'no reason given'}")
             return result.reward, outcomes(result.tests)
 
         reward, tests = await evaluate()

@@ -86,20 +86,6 @@ class Mutation(_Strict):
     description: str = ""
 
 
-class Bug(_Strict):
-    """The bug: an edit (mined bugs carry their mutation) or a unified diff applied with `patch -p1`."""
-
-    edit: Edit | None = None
-    patch: Annotated[str | None, Field(min_length=1)] = None
-    mutation: Mutation | None = None
-
-    @model_validator(mode="after")
-    def _one_change(self) -> Bug:
-        if (self.edit is None) == (self.patch is None):
-            raise ValueError("give exactly one of `edit` (file, find, replace) or `patch` (a unified diff)")
-        return self
-
-
 class Fix(_Strict):
     """The fix: an edit or a patch; when a task gives none, the fix undoes the bug's edit."""
 
@@ -109,8 +95,14 @@ class Fix(_Strict):
     @model_validator(mode="after")
     def _one_change(self) -> Fix:
         if (self.edit is None) == (self.patch is None):
-            raise ValueError("give exactly one of `edit` or `patch`")
+            raise ValueError("give exactly one of `edit` (file, find, replace) or `patch` (a unified diff)")
         return self
+
+
+class Bug(Fix):
+    """The bug: an edit (mined bugs carry their mutation) or a unified diff applied with `patch -p1`."""
+
+    mutation: Mutation | None = None
 
 
 class Task(_Strict):

@@ -13,9 +13,9 @@ import pytest
 
 from sandfleet.local.tools import ImageRef
 from sandfleet.rl.tasks import build_image, from_catalogue
-from sandfleet.tasks.catalogue import parse_catalogue
+from sandfleet.tasks.catalogue import dump_catalogue, parse_catalogue
 from tests.e2e.local.test_serve import runsc_sandboxes
-from tests.support.servers import free_port, wait_until_ready
+from tests.support.servers import start_local_serve, stop_local_serve
 
 REPO = Path(__file__).resolve().parents[3]
 CI_CATALOGUE = REPO / "tasks" / "ci.yaml"
@@ -54,33 +54,27 @@ def test_mining_a_real_sdist_keeps_only_mutants_its_tests_catch(tmp_path: Path) 
 @pytest.fixture(scope="module")
 def catalogue_gateway(
     runsc: Path, base_image: ImageRef, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+) -> Iterator[list[str]]:
     """`serve --local --image` with the CI catalogue's image (its sdists from PyPI, then cached)."""
     built = build_image(from_catalogue(CI_CATALOGUE), "tasks-ci")
-    tmp = tmp_path_factory.mktemp("catalogue")
     before = runsc_sandboxes()
-    port, log = free_port(), tmp / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sandfleet.cli", "serve", "--local", "--port", str(port), "--warm", "2",
-             "--image", f"{built['layout']}:{built['tag']}", "--policy-file", str(tmp / "policies.json")],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    wait_until_ready(url, process, log, timeout=600, what="serve with the catalogue image")
-    yield url
-    process.terminate()
-    assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+    url, process, log = start_local_serve(
+        tmp_path_factory.mktemp("catalogue"),
+        extra_args=["--image", f"{built['layout']}:{built['tag']}"],
+        timeout=600,
+    )
+    yield ["--url", url, "--token", "local-token", "--pool", "python"]
+    stop_local_serve(process, log)
     assert runsc_sandboxes() == before, "serve left gVisor sandboxes behind"
 
 
 @pytest.mark.gvisor
-def test_the_ci_catalogue_is_verified_in_gvisor_within_budget(catalogue_gateway: str, tmp_path: Path) -> None:
+def test_the_ci_catalogue_is_verified_in_gvisor_within_budget(
+    catalogue_gateway: list[str], tmp_path: Path
+) -> None:
     summary = tmp_path / "check.json"
     started = time.monotonic()
-    done = _cli(
-        "task", "check", str(CI_CATALOGUE), "--url", catalogue_gateway, "--summary-json", str(summary)
-    )
+    done = _cli("task", "check", str(CI_CATALOGUE), *catalogue_gateway, "--summary-json", str(summary))
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     verdicts = json.loads(summary.read_text())
@@ -94,17 +88,17 @@ def test_the_ci_catalogue_is_verified_in_gvisor_within_budget(catalogue_gateway:
 
 
 @pytest.mark.gvisor
-def test_check_fails_a_task_whose_bug_its_tests_do_not_catch(catalogue_gateway: str, tmp_path: Path) -> None:
+def test_check_fails_a_task_whose_bug_its_tests_do_not_catch(
+    catalogue_gateway: list[str], tmp_path: Path
+) -> None:
     # The same tree, but the task claims a test that passes with the bug: check must refuse it.
     catalogue = parse_catalogue(CI_CATALOGUE.read_text(), str(CI_CATALOGUE))
     task = catalogue.tasks[0]
     survivor = next(t for t in catalogue.pass_to_pass(task))
     lying = catalogue.model_copy(update={"tasks": [task.model_copy(update={"fail_to_pass": [survivor]})]})
-    from sandfleet.tasks.catalogue import dump_catalogue
-
     path = tmp_path / "lying.yaml"
     path.write_text(dump_catalogue(lying))
-    done = _cli("task", "check", str(path), "--url", catalogue_gateway)
+    done = _cli("task", "check", str(path), *catalogue_gateway)
     assert done.returncode == 1
     assert "FAILED" in done.stderr
     assert "FAIL_TO_PASS tests pass" in done.stderr
