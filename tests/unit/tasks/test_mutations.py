@@ -55,7 +55,7 @@ def modules(draw: st.DrawFn) -> str:
     return "\n".join(lines)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(modules())
 def test_every_mutant_parses_and_changes_exactly_one_top_level_statement(source: str) -> None:
     original = ast.parse(source)
@@ -69,7 +69,7 @@ def test_every_mutant_parses_and_changes_exactly_one_top_level_statement(source:
         assert len(changed) == 1, mutant
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(modules())
 def test_each_mutants_edit_is_unique_and_reproduces_it(source: str) -> None:
     for mutant in mutants(source):
