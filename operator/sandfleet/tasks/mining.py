@@ -159,19 +159,22 @@ def task_id(source_id: str, operator: str, number: int) -> str:
 
 
 def candidates_for(original: str, verdict: Verdict, siblings: list[Mutant], seed: int) -> list[str]:
-    """Replacements an RL policy may choose for the bug's window: the original, the bug, other mutants."""
-    assert verdict.mutant.source
+    """Replacements an RL policy may choose for the bug's window: the original, the bug, other mutants.
+
+    A sibling counts when it changes nothing outside the bug's window; its text there is the option.
+    """
     find, broken = edit_anchor(original, verdict.mutant.source)
+    start = original.index(find)
+    tail = len(original) - start - len(find)
     options = {broken}
     for other in siblings:
         if len(options) >= 4:
             break
-        try:
-            other_find, other_replace = edit_anchor(original, other.source)
-        except ValueError:
-            continue
-        if other_find == find:
-            options.add(other_replace)
+        text = other.source
+        if text[:start] == original[:start] and text[len(text) - tail :] == original[len(original) - tail :]:
+            option = text[start : len(text) - tail]
+            if option != find:
+                options.add(option)
     # The policy edits the broken tree, so `find` (the original text) is one of the options.
     result = sorted(options | {find})
     random.Random(seed).shuffle(result)

@@ -260,7 +260,8 @@ def mutants(source: str, lines: frozenset[int] | None = None) -> Iterator[Mutant
 def edit_anchor(original: str, mutated: str) -> tuple[str, str]:
     """The smallest whole-line window (`find`, `replace`) turning one text into the other.
 
-    It widens until `find` occurs exactly once in `original`.
+    It widens until `find` occurs exactly once in `original` and `replace` (never empty) exactly
+    once in `mutated`, so the edit can be applied either way: to break the tree, or to fix it.
     """
     old, new = original.splitlines(keepends=True), mutated.splitlines(keepends=True)
     head = 0
@@ -273,9 +274,9 @@ def edit_anchor(original: str, mutated: str) -> tuple[str, str]:
         raise ValueError("the texts are equal: no edit")
     lo, old_hi, new_hi = head, len(old) - tail, len(new) - tail
     while True:
-        find = "".join(old[lo:old_hi])
-        if find and original.count(find) == 1:
-            return find, "".join(new[lo:new_hi])
+        find, replace = "".join(old[lo:old_hi]), "".join(new[lo:new_hi])
+        if find and replace and original.count(find) == 1 and mutated.count(replace) == 1:
+            return find, replace
         if lo == 0 and old_hi == len(old):
             return original, mutated
         lo = max(lo - 1, 0)

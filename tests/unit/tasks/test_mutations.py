@@ -76,7 +76,10 @@ def test_each_mutants_edit_is_unique_and_reproduces_it(source: str) -> None:
         find, replace = edit_anchor(source, mutant.source)
         assert source.count(find) == 1
         assert source.replace(find, replace) == mutant.source
-        assert mutant.source.replace(replace, find, 1) == source or mutant.source.count(replace) > 1
+        # ... and undone from the mutant (a fix), which needs `replace` once and not empty.
+        assert replace
+        assert mutant.source.count(replace) == 1
+        assert mutant.source.replace(replace, find) == source
 
 
 @settings(max_examples=60, deadline=None)
@@ -139,3 +142,11 @@ def test_a_module_that_does_not_parse_has_no_mutants() -> None:
 def test_equal_texts_have_no_edit() -> None:
     with pytest.raises(ValueError, match="no edit"):
         edit_anchor("a = 1\n", "a = 1\n")
+
+
+def test_a_dropped_else_still_has_an_edit_both_ways() -> None:
+    source = "def f(x):\n    if x:\n        y = 1\n    else:\n        y = 2\n    return y\n"
+    (dropped,) = [m for m in mutants(source) if m.operator == "drop_else"]
+    find, replace = edit_anchor(source, dropped.source)
+    assert replace
+    assert dropped.source.replace(replace, find) == source
