@@ -51,7 +51,7 @@ def test_skip():
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_skipped_alike(n):
-    pytest.skip("the same reason, summarised as SKIPPED [3]")
+    pytest.skip("one reason for all three")
 
 @pytest.mark.xfail(reason="known")
 def test_xfail():

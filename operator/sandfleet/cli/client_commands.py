@@ -128,8 +128,8 @@ def exec_(
         sys.stdout.flush()
         sys.stderr.buffer.write(result.data("stderr"))
         sys.stderr.flush()
-        for note in exec_notes(result.raw, max_output_bytes):
-            console.print(note, markup=False, highlight=False)
+        # Plain lines, never wrapped or styled: scripts grep them.
+        sys.stderr.write("".join(f"{note}\n" for note in exec_notes(result.raw, max_output_bytes)))
     raise typer.Exit(result.exit_code if result.exit_code is not None else 124)
 
 
@@ -225,7 +225,7 @@ def evaluate(
         counts = ", ".join(f"{n} {k}" for k, n in result.counts.items() if n)
         typer.echo(f"{result.outcome}\treward={result.reward:g}\t{counts or 'no per-test report'}")
         if result.reason:
-            console.print(f"sandfleet: {result.reason}", markup=False, highlight=False)
+            sys.stderr.write(f"sandfleet: {result.reason}\n")
     raise typer.Exit(EVALUATE_EXIT[str(result.outcome)])
 
 
