@@ -9,10 +9,12 @@ would add one per mutant. The host runs them with the same interpreter minor ver
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -212,21 +214,25 @@ class Miner:
         with tempfile.TemporaryDirectory(prefix="sandfleet-mine-") as scratch:
             junit = Path(scratch) / "junit.xml"
             started = time.monotonic()
+            suite = subprocess.Popen(
+                self.source.test_command,
+                shell=True,
+                cwd=tree,
+                env=self._env(tree, junit, extra),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             try:
-                done = subprocess.run(
-                    self.source.test_command,
-                    shell=True,
-                    cwd=tree,
-                    env=self._env(tree, junit, extra),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    timeout=timeout,
-                    check=False,
-                    start_new_session=True,
-                )
-                code: int | None = done.returncode
+                code: int | None = suite.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 code = None
+            finally:
+                # The whole session: a timed-out mutant's pytest is the shell's child, and killing
+                # only the shell (what subprocess.run does) left it looping forever.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(suite.pid, signal.SIGKILL)
+                suite.wait()
             seconds = time.monotonic() - started
             outcomes = read_junit(junit.read_text()) if junit.is_file() and code is not None else {}
         return SuiteRun(outcomes, code, seconds)
