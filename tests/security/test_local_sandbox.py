@@ -195,14 +195,14 @@ async def test_agent_output_floods_never_reach_the_host_disk(runtime: LocalRunti
     # without --exec-user/--verifier-user, so its commands run as the agent and may write to its
     # stdout and stderr (test_agent_users proves the sandbox user cannot). What is under test here
     # is how much of that the host stores.
-    config = runtime._config
-    assert config is not None
-    assert "--exec-user" in config.argv
-    runtime._config = dataclasses.replace(config, argv=_without_user_flags(config.argv))
+    served = runtime._served[runtime.image.digest]
+    assert "--exec-user" in served.config.argv
+    flagless = dataclasses.replace(served.config, argv=_without_user_flags(served.config.argv))
+    runtime._served[runtime.image.digest] = dataclasses.replace(served, config=flagless)
     try:
         sandbox = await runtime.create()
     finally:
-        runtime._config = config
+        runtime._served[runtime.image.digest] = served
     async with httpx.AsyncClient(
         base_url=sandbox.url, headers=sandbox.headers, timeout=300, trust_env=False
     ) as agent:
