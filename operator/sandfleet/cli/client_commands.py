@@ -130,7 +130,9 @@ def exec_(
         sys.stderr.flush()
         # Plain lines, never wrapped or styled: scripts grep them.
         sys.stderr.write("".join(f"{note}\n" for note in exec_notes(result.raw, max_output_bytes)))
-    raise typer.Exit(result.exit_code if result.exit_code is not None else 124)
+    # 124, as coreutils' timeout says it: the agent reports the kill's own status (137) then.
+    timed_out = bool(result.raw.get("timed_out")) or result.exit_code is None
+    raise typer.Exit(124 if timed_out else result.exit_code)
 
 
 @files.command("put")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,9 +20,8 @@ from sandfleet.gateway.local import MAX_SANDBOXES
 from sandfleet.local.image import rootfs_cache
 from sandfleet.local.tools import IMAGE_BUILD_SCRIPT, ImageRef
 from tests.e2e.local.conftest import build_task_image
-from tests.e2e.local.test_serve import runsc_sandboxes
 from tests.support.kube import wait_until
-from tests.support.servers import start_local_serve, stop_local_serve
+from tests.support.servers import runsc_sandboxes, start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
 
@@ -178,6 +178,8 @@ def test_prune_keeps_the_roots_a_running_serve_uses(served: TwoImages) -> None:
     assert spec is not None
     assert spec.loader is not None
     builder = importlib.util.module_from_spec(spec)
+    # Registered first: its dataclasses resolve their annotations through sys.modules.
+    sys.modules.setdefault("image_builder", builder)
     spec.loader.exec_module(builder)
     for image in (served.base, served.second):
         root = rootfs_cache() / image.digest.replace(":", "-")

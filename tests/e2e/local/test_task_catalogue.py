@@ -14,8 +14,7 @@ import pytest
 from sandfleet.local.tools import ImageRef
 from sandfleet.rl.tasks import build_image, from_catalogue
 from sandfleet.tasks.catalogue import dump_catalogue, parse_catalogue
-from tests.e2e.local.test_serve import runsc_sandboxes
-from tests.support.servers import start_local_serve, stop_local_serve
+from tests.support.servers import runsc_sandboxes, start_local_serve, stop_local_serve
 
 REPO = Path(__file__).resolve().parents[3]
 CI_CATALOGUE = REPO / "tasks" / "ci.yaml"
