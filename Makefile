@@ -5,12 +5,9 @@ PY := $(VENV)/bin/python
 
 .PHONY: test demo bootstrap lint unit cluster-up cluster-down
 
-# The README's test command: bootstrap, build the local cluster, lint, then every test.
+# The README's test command: bootstrap, build the binaries and images (hack/build-all), lint, then every test.
 test: bootstrap
-	hack/cluster build
-	hack/gvisor build
-	sandbox_image/build
-	hack/product-image build
+	hack/build-all
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest tests --durations=25
 
