@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -18,6 +19,7 @@ from sandfleet.controller import metrics as operator_metrics
 from sandfleet.core import api
 from sandfleet.core.model import pool_from_object
 from sandfleet.core.pods import sandbox_pod
+from sandfleet.gateway.app import ROUTERS
 from sandfleet.gateway.metrics import GatewayMetrics
 from tests.unit.helm.chart import (
     CHART,
@@ -226,9 +228,12 @@ def test_a_gateway_audience_reaches_the_gateway_and_the_rl_tokens() -> None:
 
 def test_gateway_serves_what_app_py_routes() -> None:
     # The probes' paths must exist in the app (a renamed route would leave Pods never Ready).
-    app_source = (REPO / "operator" / "sandfleet" / "gateway" / "app.py").read_text()
-    assert '@app.get("/readyz"' in app_source
-    assert '@app.get("/healthz"' in app_source
+    served = {route.path for router in ROUTERS for route in router.routes if isinstance(route, APIRoute)}
+    gateway = named(render(), "Deployment", "sandfleet-gateway")["spec"]["template"]["spec"]
+    container = gateway["containers"][0]
+    probes = {container[probe]["httpGet"]["path"] for probe in ("readinessProbe", "livenessProbe")}
+    assert probes == {"/readyz", "/healthz"}
+    assert probes <= served
 
 
 def test_static_auth_mounts_the_token_secret() -> None:
