@@ -78,3 +78,15 @@ def stop_local_serve(process: subprocess.Popen[bytes], log: Path) -> None:
     """SIGTERM, and a clean exit: uvicorn shuts down gracefully, then re-raises the signal."""
     process.terminate()
     assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+
+
+def runsc_sandboxes() -> int:
+    """gVisor sandbox processes on this host (leaks show as processes, not in `runsc list`)."""
+    count = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"runsc-sandbox"):
+                count += 1
+        except OSError:
+            continue
+    return count

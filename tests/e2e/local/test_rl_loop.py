@@ -16,8 +16,7 @@ from sandfleet.client import AsyncFleet, Fleet, PolicyConflict
 from sandfleet.local.tools import ImageRef
 from sandfleet.rl.loop import LoopConfig, run_loop
 from sandfleet.rl.tasks import TASKS, apply_edit, cache_dir, prepare_workspace
-from tests.e2e.local.test_serve import runsc_sandboxes
-from tests.support.servers import free_port, wait_until_ready
+from tests.support.servers import free_port, runsc_sandboxes, wait_until_ready
 
 pytestmark = pytest.mark.gvisor
 

@@ -11,7 +11,7 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, LeaseEnded
 from sandfleet.local.tools import ImageRef
-from tests.support.servers import start_local_serve, stop_local_serve
+from tests.support.servers import runsc_sandboxes, start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
 
@@ -26,18 +26,6 @@ def gateway(runsc: Path, base_image: ImageRef, tmp_path: Path) -> Iterator[str]:
     yield url
     stop_local_serve(process, log)
     assert runsc_sandboxes() == sandboxes_before, "serve left gVisor sandboxes behind"
-
-
-def runsc_sandboxes() -> int:
-    """gVisor sandbox processes on this host (leaks show as processes, not in `runsc list`)."""
-    count = 0
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"runsc-sandbox"):
-                count += 1
-        except OSError:
-            continue
-    return count
 
 
 def test_lease_exec_files_release_in_gvisor(gateway: str) -> None:
