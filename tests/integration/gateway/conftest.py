@@ -172,3 +172,44 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> N
 
 def now() -> float:
     return time.time()
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[int]:
+    """A real agent on loopback, as a sandbox's agent would run."""
+    port = free_port()
+    root = tmp_path / "workspace"
+    root.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandfleet_agent", "--host", "127.0.0.1", "--port", str(port),
+         "--root", str(root), "--logs-dir", str(tmp_path / "logs"), "--insecure-no-token"],
+    )  # fmt: skip
+    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/v1/ready"), timeout=20, what="the agent")
+    yield port
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def loopback_sandbox(pool: Pool, port: int, index: int = 0) -> str:
+    """A sandbox Pod whose address is the loopback agent (status written as a kubelet would)."""
+    name = f"python-loop-{index}"
+    pod = sandbox_pod(name, pool.name, "us-east1")
+    pod["spec"]["containers"][0]["ports"] = [{"containerPort": port}]
+    pool.kube.apply(pod)
+    wait_until(lambda: pool.ready_count("loop") > index, timeout=60, what="the sandbox Pod")
+    status = {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}
+    pool.kube("patch", "pod", name, "--subresource=status", "--type=merge",
+              "-p", json.dumps(status))  # fmt: skip
+    wait_until(
+        lambda: pool.kube.json("get", "pod", name)["status"].get("podIP") == "127.0.0.1",
+        timeout=30,
+        what="the loopback address to stick",
+    )
+    return name

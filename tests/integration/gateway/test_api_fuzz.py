@@ -15,13 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.gateway.conftest import GatewayFactory, Pool
-from tests.integration.gateway.test_client_and_data_plane import agent, loopback_sandbox
+from tests.integration.gateway.conftest import GatewayFactory, Pool, loopback_sandbox
 from tests.support.contract import EXCLUDED_CHECKS, config_file
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[3]
-__all__ = ["agent"]  # the fixture, imported for this module's tests
 
 
 def schemathesis(

@@ -3,30 +3,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.model import Node, RegionSpec, Taint, Template
+from sandfleet.core.model import RegionSpec, Taint, Template
 from sandfleet.core.placement import node_accepts, pick_zones, region_capacity, split_target, tolerates
 from sandfleet.core.resources import Resources
-
-TEMPLATE = Template(image="img:1", resources={"requests": {"cpu": "1", "memory": "1Gi"}})
-
-
-def node(name: str, region: str, zone: str, cpu: int = 8, **kw: object) -> Node:
-    defaults: dict[str, object] = {
-        "name": name,
-        "region": region,
-        "zone": zone,
-        "ready": True,
-        "schedulable": True,
-        "allocatable": Resources(cpu * 1000, 64 * 2**30, 110),
-    }
-    defaults.update(kw)
-    return Node(**defaults)  # type: ignore[arg-type]
+from tests.support.planning import PLACEMENT_TEMPLATE, node
 
 
 def test_capacity_is_allocatable_minus_requests_per_zone() -> None:
     nodes = [node("a", "us", "us-a"), node("b", "us", "us-b"), node("c", "eu", "eu-a", cpu=4)]
     requested = {"a": Resources(6000, 0, 3)}
-    capacity = region_capacity(nodes, requested, TEMPLATE, [RegionSpec("us"), RegionSpec("eu")])
+    capacity = region_capacity(nodes, requested, PLACEMENT_TEMPLATE, [RegionSpec("us"), RegionSpec("eu")])
     assert dict(capacity["us"].zones) == {"us-a": 2, "us-b": 8}
     assert capacity["eu"].free == 4
 
@@ -37,7 +23,7 @@ def test_not_ready_cordoned_and_tainted_nodes_give_no_capacity() -> None:
         node("cordoned", "us", "us-a", schedulable=False),
         node("gpu", "us", "us-b", taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),)),
     ]
-    capacity = region_capacity(nodes, {}, TEMPLATE, [RegionSpec("us")])
+    capacity = region_capacity(nodes, {}, PLACEMENT_TEMPLATE, [RegionSpec("us")])
     assert capacity["us"].free == 0
     assert capacity["us"].ready_nodes == 2
     assert capacity["us"].nodes == 3
@@ -45,13 +31,13 @@ def test_not_ready_cordoned_and_tainted_nodes_give_no_capacity() -> None:
 
 def test_unscheduled_sandboxes_take_slots_off_the_fullest_zone() -> None:
     nodes = [node("a", "us", "us-a", cpu=2), node("b", "us", "us-b", cpu=5)]
-    capacity = region_capacity(nodes, {}, TEMPLATE, [RegionSpec("us")], unscheduled={"us": 4})
+    capacity = region_capacity(nodes, {}, PLACEMENT_TEMPLATE, [RegionSpec("us")], unscheduled={"us": 4})
     assert dict(capacity["us"].zones) == {"us-a": 1, "us-b": 2}
 
 
 def test_zones_listed_in_the_region_restrict_placement() -> None:
     nodes = [node("a", "us", "us-a"), node("b", "us", "us-b")]
-    capacity = region_capacity(nodes, {}, TEMPLATE, [RegionSpec("us", zones=("us-b",))])
+    capacity = region_capacity(nodes, {}, PLACEMENT_TEMPLATE, [RegionSpec("us", zones=("us-b",))])
     assert set(capacity["us"].zones) == {"us-b"}
 
 

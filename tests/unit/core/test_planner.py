@@ -1,15 +1,12 @@
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandfleet.core import api
-from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import PoolSpec, RegionSpec, SandboxPod, Template
+from sandfleet.core.model import RegionSpec, SandboxPod
 from sandfleet.core.placement import RegionCapacity
 from sandfleet.core.planner import (
     DEGRADED_AFTER_FAILURES,
@@ -22,79 +19,19 @@ from sandfleet.core.planner import (
     ZONE_GONE,
     FailureState,
     PoolPlan,
-    WarmGroup,
-    plan_pool,
 )
-
-TEMPLATE = Template(image="sandfleet/sandbox:0.1.0", readiness_deadline_seconds=60)
-REGIONS = ("us", "eu", "asia")
-_names = itertools.count()
-
-
-def pool(
-    replicas: int, regions: Sequence[RegionSpec] | None = None, template: Template = TEMPLATE
-) -> PoolSpec:
-    return PoolSpec(
-        namespace="ns",
-        name="p",
-        uid="uid",
-        generation=1,
-        replicas=replicas,
-        regions=tuple(regions or (RegionSpec(r) for r in REGIONS)),
-        template=template,
-    )
-
-
-def sandbox(
-    region: str,
-    *,
-    state: str = api.LEASE_FREE,
-    ready: bool = True,
-    lease_expires_at: float | None = None,
-    **kw: object,
-) -> SandboxPod:
-    name = f"sb-{next(_names)}"
-    defaults: dict[str, object] = {
-        "namespace": "ns",
-        "name": name,
-        "pool": "p",
-        "region": region,
-        "zone": f"{region}-a",
-        "template_hash": TEMPLATE.hash,
-        "state": state,
-        "created_at": 0.0,
-        "ready": ready,
-        "node": f"node-{region}",
-    }
-    if lease_expires_at is not None:  # the expiry is the lease record's
-        defaults["lease"] = LeaseRecord(f"ns.{name}", "p", "actor", 0.0, lease_expires_at, 60)
-    defaults.update(kw)
-    return SandboxPod(**defaults)  # type: ignore[arg-type]
-
-
-def roomy(slots: int = 1000) -> dict[str, RegionCapacity]:
-    return {
-        r: RegionCapacity(zones={f"{r}-a": slots, f"{r}-b": slots}, ready_nodes=2, nodes=2) for r in REGIONS
-    }
-
-
-def run(
-    p: PoolSpec,
-    sandboxes: Sequence[SandboxPod],
-    capacity: dict[str, RegionCapacity] | None = None,
-    now: float = 100.0,
-    failures: FailureState | None = None,
-    nodes_ready: dict[str, bool] | None = None,
-) -> PoolPlan:
-    return plan_pool(
-        p,
-        [WarmGroup(p.template, p.replicas)],
-        sandboxes,
-        capacity if capacity is not None else roomy(),
-        nodes_ready or {},
-        failures or FailureState(),
-        now,
-    )
+from tests.support.planning import (
+    REGIONS,
+    TEMPLATE,
+    capacities,
+    observed,
+    pool,
+    region_specs,
+    roomy,
+    run,
+    sandbox,
+    valid_regions,
+)
 
 
 def test_empty_pool_fills_every_region_by_weight_and_spreads_over_zones() -> None:
@@ -228,47 +165,6 @@ def test_shift_back_keeps_the_pool_warm_until_the_new_region_is_ready() -> None:
 
 # -- properties -------------------------------------------------------------------------------------
 
-region_specs = st.lists(
-    st.builds(
-        RegionSpec,
-        name=st.sampled_from(REGIONS),
-        weight=st.integers(1, 5),
-        min_warm=st.integers(0, 3),
-        max_sandboxes=st.integers(0, 40),
-    ),
-    min_size=1,
-    max_size=3,
-    unique_by=lambda r: r.name,
-)
-states = st.sampled_from([api.LEASE_FREE, api.LEASE_FREE, api.LEASE_LEASED, api.LEASE_RELEASED])
-observed = st.lists(
-    st.builds(
-        sandbox,
-        st.sampled_from(REGIONS),
-        state=states,
-        ready=st.booleans(),
-        created_at=st.floats(0, 200),
-        lease_expires_at=st.one_of(st.none(), st.floats(0, 300)),
-        template_hash=st.sampled_from([TEMPLATE.hash, "oldhash"]),
-    ),
-    max_size=40,
-)
-
-
-def _two_zones(region: str) -> st.SearchStrategy[RegionCapacity]:
-    return st.builds(
-        lambda a, b: RegionCapacity(zones={f"{region}-a": a, f"{region}-b": b}),
-        st.integers(0, 20),
-        st.integers(0, 20),
-    )
-
-
-capacities = st.fixed_dictionaries({r: _two_zones(r) for r in REGIONS})
-
-
-def _valid(regions: list[RegionSpec], replicas: int) -> list[RegionSpec]:
-    return [replace(r, min_warm=min(r.min_warm, r.max_sandboxes)) for r in regions]
-
 
 @settings(max_examples=300, deadline=None)
 @given(region_specs, st.integers(0, 60), observed, capacities, st.floats(0, 300))
@@ -279,7 +175,7 @@ def test_never_creates_above_a_regions_maximum(
     capacity: dict[str, RegionCapacity],
     now: float,
 ) -> None:
-    p = pool(replicas, _valid(regions, replicas))
+    p = pool(replicas, valid_regions(regions, replicas))
     result = run(p, sandboxes, capacity, now=now)
     deleted = {d.name for d in result.deletes}
     for spec in p.regions:
@@ -300,7 +196,7 @@ def test_never_deletes_a_live_lease(
     capacity: dict[str, RegionCapacity],
     now: float,
 ) -> None:
-    result = run(pool(replicas, _valid(regions, replicas)), sandboxes, capacity, now=now)
+    result = run(pool(replicas, valid_regions(regions, replicas)), sandboxes, capacity, now=now)
     deleted = {d.name for d in result.deletes}
     for s in sandboxes:
         if s.leased and (s.lease_expires_at is None or s.lease_expires_at > now):
@@ -334,7 +230,7 @@ def _capacity(slots: dict[str, int], sandboxes: list[SandboxPod]) -> dict[str, R
 def test_converges_to_a_quiet_plan_that_meets_targets(
     regions: list[RegionSpec], replicas: int, sandboxes: list[SandboxPod], slots: dict[str, int]
 ) -> None:
-    p = pool(replicas, _valid(regions, replicas))
+    p = pool(replicas, valid_regions(regions, replicas))
     now = 300.0
     state = list(sandboxes)
     for _ in range(12):

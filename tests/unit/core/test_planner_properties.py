@@ -18,9 +18,16 @@ from sandfleet.core.placement import (
     split_target,
 )
 from sandfleet.core.resources import Resources
-from tests.unit.core.test_placement import TEMPLATE as PLACEMENT_TEMPLATE
-from tests.unit.core.test_placement import node
-from tests.unit.core.test_planner import _valid, capacities, observed, pool, region_specs, run
+from tests.support.planning import (
+    PLACEMENT_TEMPLATE,
+    capacities,
+    node,
+    observed,
+    pool,
+    region_specs,
+    run,
+    valid_regions,
+)
 
 NAMES = ("us", "eu", "asia")
 
@@ -37,7 +44,7 @@ def test_the_plan_does_not_depend_on_the_order_things_were_seen(
 ) -> None:
     # Two operator replicas (or one after a restart) list the same Pods in different orders;
     # they must decide the same thing or they would fight.
-    p = pool(replicas, _valid(regions, replicas))
+    p = pool(replicas, valid_regions(regions, replicas))
     first = run(p, sandboxes, capacity, now=now)
     shuffled = list(sandboxes)
     shuffler.shuffle(shuffled)  # type: ignore[attr-defined]
@@ -56,7 +63,7 @@ def test_creations_fit_the_free_room_of_their_zone_and_deletions_name_real_sandb
     capacity: dict[str, RegionCapacity],
     now: float,
 ) -> None:
-    p = pool(replicas, _valid(regions, replicas))
+    p = pool(replicas, valid_regions(regions, replicas))
     result = run(p, sandboxes, capacity, now=now)
     wanted = {r.name for r in p.regions}
     per_zone = Counter((c.region, c.zone) for c in result.creates)
