@@ -308,8 +308,10 @@ class Operator:
                 {r.name: r.target for r in decided.regions},
             )
         templates = {g.key: g for g in groups}
+        # Each delete is conditional on the version it was decided on (see Kube.delete_pod).
+        versions = {s.name: s.resource_version for s in sandboxes}
         await asyncio.gather(
-            *(self._delete(worker, d) for d in (*decided.deletes, *stranded)),
+            *(self._delete(worker, d, versions.get(d.name, "")) for d in (*decided.deletes, *stranded)),
             *(
                 self._create(worker, c, templates[c.template_hash], now)
                 for c in decided.creates[:MAX_CREATES_PER_PASS]
@@ -362,14 +364,22 @@ class Operator:
                         worker.last_create_error_event_at = time.time()
                         await self._event(worker, "Warning", "CreateFailed", str(error))
 
-    async def _delete(self, worker: PoolWorker, delete: Delete) -> None:
+    async def _delete(self, worker: PoolWorker, delete: Delete, resource_version: str) -> None:
         worker.expected_deletes[delete.name] = time.time()
         node = getattr(self.cache.sandboxes.get(worker.spec.key, {}).get(delete.name), "node", None)
         # On a deleted Node no kubelet is left to finish a graceful deletion: only force ends it.
         force = delete.force or (node is not None and node not in self.cache.nodes)
         async with self._writes:
             try:
-                await self.kube.delete_pod(worker.spec.namespace, delete.name, force=force)
+                deleted = await self.kube.delete_pod(
+                    worker.spec.namespace, delete.name, force=force, resource_version=resource_version
+                )
+                if not deleted:
+                    # Changed since we decided (a gateway leased it, most often): the watch brings
+                    # the change, and the next pass decides again on it.
+                    worker.expected_deletes.pop(delete.name, None)
+                    metrics.POD_OPERATIONS.labels("delete", delete.reason, "conflict").inc()
+                    return
                 metrics.POD_OPERATIONS.labels("delete", delete.reason, "ok").inc()
             except (TimeoutError, KubeError, OSError) as error:
                 worker.expected_deletes.pop(delete.name, None)

@@ -50,7 +50,14 @@ class Kube(KubeClient):
     async def create_pod(self, namespace: str, pod: dict[str, Any]) -> None:
         await self.send("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
 
-    async def delete_pod(self, namespace: str, name: str, force: bool = False) -> None:
+    async def delete_pod(
+        self, namespace: str, name: str, force: bool = False, resource_version: str = ""
+    ) -> bool:
+        """Delete a Pod, only if still at `resource_version` when given; False on that conflict (409).
+
+        The precondition is what keeps a delete decided on a free sandbox from landing on one a
+        gateway has leased since: either the claim's patch or the delete wins, never both.
+        """
         body: dict[str, Any] = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",
@@ -58,11 +65,16 @@ class Kube(KubeClient):
         }
         if force:
             body["gracePeriodSeconds"] = 0
+        if resource_version:
+            body["preconditions"] = {"resourceVersion": resource_version}
         try:
             await self.send("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
         except KubeError as error:
+            if error.status == 409:
+                return False
             if error.status != 404:
                 raise
+        return True
 
     # -- pools --------------------------------------------------------------------------------------
 

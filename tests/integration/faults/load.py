@@ -242,8 +242,12 @@ class Load:
             record.calls.append(call)
             if call.lease_error:
                 return replica, False
-            if not call.ok and call.status in (None, 503):
-                replica = (replica + 1) % len(self._fleets)  # that replica is away: use the next
+            if not call.ok:
+                # The round's steps build on each other (no read-back of a write that failed):
+                # the next round starts over, on the next replica if this one is away.
+                if call.status in (None, 503):
+                    replica = (replica + 1) % len(self._fleets)
+                return replica, True
         return replica, True
 
     async def _renew(self, record: ClientLease, lease: Lease, replica: int, ttl: int) -> tuple[int, bool]:
