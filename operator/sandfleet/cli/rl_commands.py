@@ -1,5 +1,7 @@
 """`sandfleet rl`: build the real tasks' image, run the loop in one process, or run its learner and actors.
 
+The tasks come from a task catalogue: `--tasks CATALOGUE` (SANDFLEET_TASKS), by default tasks/ci.yaml.
+
 `rl run` is the demo's path (actors and learner in one process). `rl learner` and `rl actor` are the
 same classes as separate processes, as the chart's GPU Deployments run them: both reach the gateway
 (`--url`, SANDFLEET_GATEWAY_URL or SANDFLEET_URL; `--token`/SANDFLEET_TOKEN or `--token-file`/
@@ -45,7 +47,7 @@ TASKS = Annotated[
     typer.Option(
         "--tasks",
         envvar="SANDFLEET_TASKS",
-        help="A task catalogue (tasks/catalogue.yaml) to sample from; default: the three built-in tasks.",
+        help="The task catalogue to sample from (e.g. tasks/catalogue.yaml); default: tasks/ci.yaml.",
     ),
 ]
 
@@ -54,14 +56,11 @@ app.add_typer(rl, name="rl")
 
 
 def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
-    """The built-in tasks, or a catalogue's; a bad catalogue is one line and exit code 1."""
-    from sandfleet.rl.tasks import TASKS as BUILT_IN
-    from sandfleet.rl.tasks import TaskBuildError, from_catalogue
+    """The catalogue's tasks (the default one's without it); a bad catalogue is one line and exit 1."""
+    from sandfleet.rl.tasks import TaskBuildError, load_tasks
 
-    if catalogue is None:
-        return BUILT_IN
     try:
-        return from_catalogue(catalogue)
+        return load_tasks(catalogue)
     except TaskBuildError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
@@ -70,11 +69,10 @@ def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
 @rl.command("build-tasks")
 def build_tasks(tasks: TASKS = None) -> None:
     """Fetch the tasks' packages from PyPI (cached), break them, build the task image (root)."""
-    from sandfleet.rl.tasks import TaskBuildError, build_image
+    from sandfleet.rl.tasks import DEFAULT_CATALOGUE, TaskBuildError, build_image, image_name
 
     try:
-        name = f"tasks-{tasks.stem}" if tasks is not None else "sandfleet-rl-tasks"
-        typer.echo(json.dumps(build_image(_tasks(tasks), name)))
+        typer.echo(json.dumps(build_image(_tasks(tasks), image_name(tasks or DEFAULT_CATALOGUE))))
     except TaskBuildError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
@@ -127,7 +125,8 @@ def run(
         version = stats.updates[-1].version if stats.updates else 0
         console.print(
             f"rl: {stats.episodes} episodes, policy v{version}, reward (last 20) {mean:.2f}, "
-            f"refused {stats.refused}, dropped stale {stats.dropped_stale}, errors {len(stats.errors)}"
+            f"refused {stats.refused}, dropped stale {stats.dropped_stale}, errors {len(stats.errors)}, "
+            f"infra errors {stats.infra_errors} (masked), timed out {stats.timed_out}"
         )
 
     async def main() -> tuple[LoopStats, dict[str, Any]]:
@@ -145,13 +144,16 @@ def run(
     lease = stats.lease_percentiles()
     out.print(
         f"\n{stats.episodes} episodes by {actors} actors in {duration:.0f}s; "
-        f"{len(stats.updates)} learner steps; refused {stats.refused}; dropped stale {stats.dropped_stale}"
+        f"{len(stats.updates)} learner steps; refused {stats.refused}; dropped stale {stats.dropped_stale}; "
+        f"infra errors {stats.infra_errors} (masked, not trained on); timed out {stats.timed_out}"
     )
     out.print("lease latency: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in lease.items()))
     out.print("reward curve (mean per slice): " + " ".join(f"{r:.2f}" for r in curve))
     out.print("P(correct edit): " + ", ".join(f"{t} {p:.2f}" for t, p in stats.probabilities_correct.items()))
     for failure in stats.errors[:5]:
         out.print(f"[yellow]episode error:[/yellow] {failure}")
+    for failure in stats.infra_reasons[:5]:
+        out.print(f"[yellow]infra error (masked):[/yellow] {failure}")
     out.print(render_profile(profile))
     if plots is not None:
         plots.mkdir(parents=True, exist_ok=True)
@@ -166,6 +168,9 @@ def run(
                     "refused": stats.refused,
                     "dropped_stale": stats.dropped_stale,
                     "errors": stats.errors,
+                    "infra_errors": stats.infra_errors,
+                    "infra_error_reasons": stats.infra_reasons,
+                    "timed_out": stats.timed_out,
                     "lease_seconds": lease,
                     "reward_curve": curve,
                     "probabilities_correct": stats.probabilities_correct,
@@ -287,8 +292,11 @@ def actor(
             "episodes": stats.episodes,
             "refused": stats.refused,
             "errors": len(stats.errors),
+            "infra_errors": stats.infra_errors,
+            "timed_out": stats.timed_out,
             "mean_reward_last_20": sum(recent) / len(recent) if recent else 0.0,
             "last_error": stats.errors[-1] if stats.errors else None,
+            "last_infra_error": stats.infra_reasons[-1] if stats.infra_reasons else None,
         }
         typer.echo(f"actor stats: {json.dumps(summary, sort_keys=True)}", err=True)
 

@@ -27,7 +27,10 @@ def serve(
     ] = None,
     tasks: Annotated[
         bool,
-        typer.Option("--tasks", help="Serve the RL task image (sandfleet.rl.tasks) instead of the base."),
+        typer.Option(
+            "--tasks",
+            help="Serve the default task catalogue's image (tasks/ci.yaml, as `rl run` samples it) first.",
+        ),
     ] = False,
     policy_file: Annotated[
         Path | None,
@@ -75,11 +78,17 @@ def serve(
             base = asyncio.run(ensure_base_image())
         images = [base if name == "base" else image_ref_from_layout(name) for name in names]
         if tasks:
-            from sandfleet.rl.tasks import TaskBuildError, build_image
+            from sandfleet.rl.tasks import (
+                DEFAULT_CATALOGUE,
+                TaskBuildError,
+                build_image,
+                image_name,
+                load_tasks,
+            )
 
             with console.status("fetching the tasks from PyPI (cached) and building their image..."):
                 try:
-                    built = build_image()
+                    built = build_image(load_tasks(), image_name(DEFAULT_CATALOGUE))
                 except TaskBuildError as error:
                     raise LocalRuntimeError(str(error)) from None
             images.insert(0, ImageRef(Path(built["layout"]), built["tag"], built["digest"]))

@@ -7,9 +7,11 @@ HTTP endpoint). Both paths run these same `Actor` and `Learner` classes.
 
 An actor takes the newest weights it has (the weight sync), leases a sandbox for its policy
 version, reads the broken file, chooses an edit, writes it, and gets the reward from the package's
-own tests through `evaluate`. The learner consumes trajectories as they arrive, corrects
-for policy lag (staleness drops, truncated importance weights), updates, and publishes each new
-version to the gateway, which then refuses acquires that fall too far behind.
+own tests through `evaluate` (the tasks come from a catalogue: `sandfleet.rl.tasks`). An episode
+the fleet failed (`infra_error`, a lease or transport failure) never reaches the learner as a zero
+reward: it is dropped and counted (`sandfleet.rl.outcomes`). The learner consumes trajectories as
+they arrive, corrects for policy lag (staleness drops, truncated importance weights), updates, and
+publishes each new version to the gateway, which then refuses acquires that fall too far behind.
 
 The policy is a softmax over candidate edits, so "generation" takes no time by itself;
 `think_seconds` stands in for an LLM's generation latency so the profile has the shape of a real
@@ -27,10 +29,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sandfleet.client import AsyncFleet, NotFound, PolicyConflict, SpanReport
+from sandfleet.client import AsyncFleet, NotFound, Outcome, PolicyConflict, SpanReport
 from sandfleet.core.profile import percentile
+from sandfleet.rl.outcomes import is_infrastructure, verdict
 from sandfleet.rl.policy import Array, SoftmaxPolicy, Trajectory, UpdateStats
-from sandfleet.rl.tasks import TASKS, Task, apply_edit
+from sandfleet.rl.tasks import Task, apply_edit, load_tasks
 
 
 @dataclass
@@ -48,16 +51,19 @@ class LoopConfig:
     learning_rate: float = 1.0
     clip: float = 2.0
     seed: int = 0
-    tasks: tuple[Task, ...] = TASKS
+    tasks: tuple[Task, ...] = field(default_factory=load_tasks)
 
 
 @dataclass
 class LoopStats:
     """What a run did, for the summary and the plots."""
 
-    episodes: int = 0
+    episodes: int = 0  # episodes whose trajectory went to the learner
     refused: int = 0
     errors: list[str] = field(default_factory=list)
+    infra_errors: int = 0  # episodes the fleet failed: dropped, never trained on as a zero
+    infra_reasons: list[str] = field(default_factory=list)
+    timed_out: int = 0  # episodes whose tests ran past their timeout (reward 0, trained on)
     lease_seconds: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # per episode, in completion order
     updates: list[UpdateStats] = field(default_factory=list)
@@ -258,11 +264,17 @@ class Actor:
             except PolicyConflict:
                 self.stats.refused += 1  # too stale for the run: take fresh weights and go again
             except Exception as error:  # one failed episode must not end the actor
-                self.stats.errors.append(f"{self.name}: {type(error).__name__}: {error}")
+                failure = f"{self.name}: {type(error).__name__}: {error}"
+                if is_infrastructure(error):
+                    self.stats.infra_errors += 1
+                    self.stats.infra_reasons.append(failure)
+                else:
+                    self.stats.errors.append(failure)
                 await asyncio.sleep(0.5)
             episode += 1
 
-    async def episode(self, task: Task, episode: str) -> Trajectory:
+    async def episode(self, task: Task, episode: str) -> Trajectory | None:
+        """One episode; its trajectory once sent to the learner, None if the fleet failed it."""
         policy = await self.link.weights()  # weight sync: whatever the learner published last
         spans: list[SpanReport] = []
 
@@ -286,14 +298,25 @@ class Actor:
             await asyncio.sleep(self.config.think_seconds)
             t = span("generate", t)
             await sandbox.write_file(path, apply_edit(source, task.broken, task.candidates[action]))
+            for hidden, content in task.hidden_tests:  # after the policy acted: it never saw them
+                await sandbox.write_file(f"{task.cwd}/{hidden}", content)
             t = span("tool", t)
-            result = await sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)
+            # The catalogue's tests write a JUnit report: without one the outcome is infra_error.
+            result = await sandbox.score(
+                shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s, require_report=True
+            )
             t = span("score", t)
-        reward = float(result.get("reward", 0.0))
-        trajectory = Trajectory(task.name, action, logp, reward, policy.version, self.name)
-        self.stats.episodes += 1
-        self.stats.rewards.append(reward)
         await self.fleet.report_spans(self.config.run, spans)
+        scored = verdict(result.outcome, result.reward)
+        if not scored.train:
+            self.stats.infra_errors += 1
+            self.stats.infra_reasons.append(f"{self.name}: {task.name}: {result.reason or result.outcome}")
+            return None
+        if result.outcome is Outcome.TIMED_OUT:
+            self.stats.timed_out += 1
+        trajectory = Trajectory(task.name, action, logp, scored.reward, policy.version, self.name)
+        self.stats.episodes += 1
+        self.stats.rewards.append(scored.reward)
         await self.link.send(trajectory)
         return trajectory
 

@@ -1,13 +1,12 @@
-"""Real tasks: open-source packages from PyPI with a bug of ours; the package's own tests are the reward.
+"""The loop's tasks come from a task catalogue: real PyPI packages, a mined bug each, their own tests.
 
-Each task is a source distribution fetched at image build time (`pip download --no-binary`), unpacked
-into `/workspace/tasks/<name>`, with one line broken by us. The agent's actions are candidate edits
-of that line (one restores the original); the reward is the package's own tests, run in the sandbox
-by `evaluate`. pytest travels as wheels in `/workspace/.deps` (the image has no pip and no network).
-
-The three built-in tasks below are the default. Any catalogue (tasks/catalogue.yaml, docs/tasks.md)
-replaces them: `from_catalogue` turns its edit bugs into the same `Task`s, and
-`sandfleet rl build-tasks --tasks CATALOGUE` builds their image.
+A catalogue (tasks/catalogue.yaml, docs/tasks.md) names pinned sdists and, per task, the bug as a
+unique-anchor edit, the candidate edits an RL policy chooses from (the original among them) and
+the test command. `from_catalogue` turns its edit bugs into `Task`s; by default the loop, `serve
+--local --tasks` and `rl build-tasks` use `DEFAULT_CATALOGUE` (tasks/ci.yaml, a subset of the
+shipped catalogue that `task check` verifies in CI). The image lays each task's tree, with its bug
+applied, under `/workspace/tasks/<task id>`; pytest travels as wheels in `/workspace/.deps` (the
+image has no pip and no network), and the reward is the package's own tests, run by `evaluate`.
 """
 
 from __future__ import annotations
@@ -24,28 +23,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_BUILD = REPO / "sandbox_image" / "build"
-IMAGE_NAME = "sandfleet-rl-tasks"
+DEFAULT_CATALOGUE = REPO / "tasks" / "ci.yaml"
 WORKSPACE = "/workspace"
 TEST_WHEELS = ("pytest==8.3.4", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.2")
 
 
 class TaskBuildError(RuntimeError):
-    """Fetching or building the tasks failed; the message says which step and why."""
+    """Reading the catalogue, or fetching and building the tasks, failed; the message says why."""
 
 
 @dataclass(frozen=True)
 class Task:
-    """One bug in one real package, and the edits an agent may try on the broken line."""
+    """One bug in one real package, and the edits an agent may try on the broken text."""
 
     name: str
     sdist: str  # pip requirement, pinned
     directory: str  # top directory inside the sdist
     path: str  # file with the bug, relative to the package directory
-    original: str  # the line as upstream wrote it
-    broken: str  # the line after our bug patch
-    candidates: tuple[str, ...]  # replacements for the broken line; `original` is one of them
-    tests: str  # the package's own tests, run in the package directory
-    command: str = ""  # a catalogue task's whole test command (then `tests` is unused)
+    original: str  # the text as upstream wrote it
+    broken: str  # the text after the catalogue's bug edit
+    candidates: tuple[str, ...]  # replacements for the broken text; `original` is one of them
+    command: str  # the source's test command (writes a JUnit report), run in the package directory
+    timeout_s: float = 120.0  # the catalogue's per-run test timeout
+    hidden_tests: tuple[tuple[str, str], ...] = ()  # (path, content): written after the policy acts
 
     @property
     def cwd(self) -> str:
@@ -53,68 +53,14 @@ class Task:
 
     @property
     def test_command(self) -> str:
-        if self.command:
-            return f"PYTHONPATH={WORKSPACE}/.deps:. {self.command}"
-        return f"PYTHONPATH={WORKSPACE}/.deps:. python3 -m pytest -q -rA -p no:cacheprovider {self.tests}"
+        from sandfleet.tasks.mining import test_pythonpath
+
+        requires = f"{WORKSPACE}/.requires/{self.directory}"
+        return f"PYTHONPATH={test_pythonpath(f'{WORKSPACE}/.deps', requires)} {self.command}"
 
     @property
     def correct(self) -> int:
         return self.candidates.index(self.original)
-
-
-TASKS: tuple[Task, ...] = (
-    Task(
-        name="inflection-ordinal",
-        sdist="inflection==0.5.1",
-        directory="inflection-0.5.1",
-        path="inflection/__init__.py",
-        original="    if number % 100 in (11, 12, 13):",
-        broken="    if number % 10 in (11, 12, 13):",
-        candidates=(
-            "    if number % 10 in (1, 2, 3):",
-            "    if number in (11, 12, 13):",
-            "    if number % 100 in (11, 12, 13):",
-            "    if number % 100 in (10, 11, 12):",
-        ),
-        tests="test_inflection.py -k ordinal",
-    ),
-    Task(
-        name="toolz-frequencies",
-        sdist="toolz==1.0.0",
-        directory="toolz-1.0.0",
-        path="toolz/itertoolz.py",
-        original="        d[item] += 1",
-        broken="        d[item] = 1",
-        candidates=(
-            "        d[item] -= 1",
-            "        d[item] = 2",
-            "        d[item] += 1",
-            "        d[item] *= 2",
-        ),
-        tests="toolz/tests/test_itertoolz.py -k frequencies",
-    ),
-    Task(
-        name="more-itertools-first",
-        sdist="more-itertools==10.5.0",
-        directory="more-itertools-10.5.0",
-        path="more_itertools/more.py",
-        original="    for item in iterable:\n        return item\n    if default is _marker:\n"
-        "        raise ValueError(\n            'first() was",
-        broken="    for item in iterable:\n        break\n    if default is _marker:\n"
-        "        raise ValueError(\n            'first() was",
-        candidates=(
-            "    for item in iterable:\n        return item\n    if default is _marker:\n"
-            "        raise ValueError(\n            'first() was",
-            "    for item in iterable:\n        return default\n    if default is _marker:\n"
-            "        raise ValueError(\n            'first() was",
-            "    for item in iterable:\n        continue\n    if default is _marker:\n"
-            "        raise ValueError(\n            'first() was",
-            "    for item in iterable:\n        return iterable\n    if default is _marker:\n"
-            "        raise ValueError(\n            'first() was",
-        ),
-        tests="tests/test_more.py -k FirstTests",
-    ),
-)
 
 
 def apply_edit(source: str, old: str, new: str) -> str:
@@ -138,9 +84,11 @@ def pip_download(args: list[str], dest: Path) -> None:
 
 
 def prepare_workspace(
-    tasks: tuple[Task, ...] = TASKS, root: Path | None = None, downloads: Path | None = None
+    tasks: tuple[Task, ...], root: Path | None = None, downloads: Path | None = None
 ) -> Path:
-    """Fetch the sdists and test wheels (cached) and lay out the workspace with our bugs applied."""
+    """Fetch the sdists and test wheels (cached) and lay out the workspace with the bugs applied."""
+    from sandfleet.tasks.mining import runtime_wheels, unpack_wheels
+
     root = root or cache_dir()
     downloads, workspace = downloads or root / "downloads", root / "workspace"
     for task in tasks:
@@ -150,10 +98,16 @@ def prepare_workspace(
         pip_download(["--only-binary", ":all:", *TEST_WHEELS], downloads)
     shutil.rmtree(workspace, ignore_errors=True)
     (workspace / "tasks").mkdir(parents=True)
-    for wheel in sorted(downloads.glob("*.whl")):
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(workspace / ".deps")
+    for pin in TEST_WHEELS:
+        name, version = pin.split("==")
+        for wheel in downloads.glob(f"{name}-{version}-*.whl"):
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(workspace / ".deps")
     for task in tasks:
+        # Each package's own dependencies, on its own path (see tasks.mining.test_pythonpath).
+        requires = workspace / ".requires" / task.directory
+        if not requires.is_dir():
+            unpack_wheels(runtime_wheels(task.sdist, downloads), requires)
         with tarfile.open(downloads / f"{task.directory}.tar.gz") as archive:
             archive.extractall(workspace / "tasks", filter="data")
         unpacked = workspace / "tasks" / task.directory
@@ -162,12 +116,17 @@ def prepare_workspace(
         try:
             target.write_text(apply_edit(target.read_text(), task.original, task.broken))
         except ValueError as error:
-            raise TaskBuildError(f"task {task.name}: our bug patch does not apply: {error}") from None
+            raise TaskBuildError(f"task {task.name}: its bug edit does not apply: {error}") from None
     (workspace / "tasks.json").write_text(json.dumps([t.name for t in tasks]))
     return workspace
 
 
-def build_image(tasks: tuple[Task, ...] = TASKS, name: str = IMAGE_NAME) -> dict[str, str]:
+def image_name(catalogue: Path) -> str:
+    """The task image's name for a catalogue (`tasks-ci` for the default one)."""
+    return f"tasks-{catalogue.stem}"
+
+
+def build_image(tasks: tuple[Task, ...], name: str) -> dict[str, str]:
     """Build (or find cached) the task image on top of the base image; its JSON description."""
     workspace = prepare_workspace(tasks)
     argv = [str(IMAGE_BUILD), "--json", "task", "--name", name, "--workspace", str(workspace)]
@@ -182,6 +141,8 @@ def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]
     """A catalogue's tasks (sdist sources, edit bugs with candidates) as the loop's tasks."""
     from sandfleet.tasks.catalogue import CatalogueError, parse_catalogue
 
+    if not path.is_file():
+        raise TaskBuildError(f"no task catalogue at {path}; pass --tasks CATALOGUE (tasks/catalogue.yaml)")
     try:
         catalogue = parse_catalogue(path.read_text(), str(path))
         chosen = catalogue.select(ids)
@@ -190,6 +151,7 @@ def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]
     tasks = []
     for entry in chosen:
         source = catalogue.sources[entry.source]
+        timeouts = entry.timeouts or source.timeouts
         edit = entry.bug.edit
         if source.sdist is None or source.directory is None or edit is None:
             raise TaskBuildError(f"task {entry.id}: the RL loop takes sdist sources with an edit bug")
@@ -205,15 +167,14 @@ def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]
                 original=edit.find,
                 broken=edit.replace,
                 candidates=candidates,
-                tests="",
                 command=source.test_command,
+                timeout_s=timeouts.test_s,
+                hidden_tests=tuple(sorted(entry.hidden_tests.items())),
             )
         )
     return tuple(tasks)
 
 
-def by_name(name: str) -> Task:
-    for task in TASKS:
-        if task.name == name:
-            return task
-    raise KeyError(f"no task {name!r}; tasks are: {', '.join(t.name for t in TASKS)}")
+def load_tasks(catalogue: Path | None = None) -> tuple[Task, ...]:
+    """A catalogue's tasks; without one, the default catalogue's (tasks/ci.yaml)."""
+    return from_catalogue(catalogue or DEFAULT_CATALOGUE)

@@ -1,4 +1,4 @@
-"""A fleet in memory for the loop's unit tests: leases, files and a reward that knows the fix."""
+"""A fleet in memory for the loop's unit tests: leases, files, a reward knowing the fix, scripted failures."""
 
 from __future__ import annotations
 
@@ -9,17 +9,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandfleet.client import Lease, NotFound, SpanReport
-from sandfleet.rl.tasks import TASKS, Task, by_name
+from sandfleet.client import Evaluation, Lease, NotFound, SpanReport
+from sandfleet.rl.tasks import Task, load_tasks
 
 
 @dataclass
 class FakeSandbox:
-    """One leased sandbox: files, and `evaluate` rewarding exactly the upstream line."""
+    """One leased sandbox: files, and `score` rewarding exactly the upstream text (or a scripted outcome)."""
 
     lease: Lease
     files: dict[str, str]
+    tasks: Sequence[Task]
     delay: float = 0.0
+    scripted: list[dict[str, Any]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
 
     async def read_file(self, path: str) -> bytes:
         return self.files[path].encode()
@@ -27,19 +30,27 @@ class FakeSandbox:
     async def write_file(self, path: str, data: bytes | str) -> None:
         self.files[path] = data.decode() if isinstance(data, bytes) else data
 
-    async def evaluate(self, **body: Any) -> dict[str, Any]:
+    async def score(self, **body: Any) -> Evaluation:
         await asyncio.sleep(self.delay)
-        task = by_name(self.lease.labels["task"])
+        self.bodies.append(body)
+        if self.scripted:
+            return Evaluation.of(self.scripted.pop(0))
+        (task,) = [t for t in self.tasks if t.name == self.lease.labels["task"]]
         fixed = task.original in self.files[f"{task.cwd}/{task.path}"]
-        return {"reward": 1.0 if fixed else 0.0}
+        return Evaluation.of({"outcome": "passed" if fixed else "failed", "reward": float(fixed)})
 
 
 @dataclass
 class FakeFleet:
     """The parts of AsyncFleet the loop uses, with what happened recorded."""
 
-    tasks: Sequence[Task] = TASKS
+    tasks: Sequence[Task] = field(default_factory=load_tasks)
     evaluate_seconds: float = 0.0
+    # Evaluation responses handed out before the real scoring, in order (e.g. an infra_error).
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    # Raised by the next leases instead of granting one (e.g. SandboxLost), in order.
+    lease_failures: list[Exception] = field(default_factory=list)
+    evaluated: list[dict[str, Any]] = field(default_factory=list)
     published: list[int] = field(default_factory=list)
     spans: list[SpanReport] = field(default_factory=list)
     live: dict[str, Lease] = field(default_factory=dict)
@@ -72,10 +83,12 @@ class FakeFleet:
 
     @asynccontextmanager
     async def lease(self, pool: str, **options: Any) -> AsyncIterator[FakeSandbox]:
+        if self.lease_failures:
+            raise self.lease_failures.pop(0)
         lease = self.grant(dict(options.get("labels") or {}), options.get("policy_version"))
         files = {f"{t.cwd}/{t.path}": f"head\n{t.broken}\ntail\n" for t in self.tasks}
         try:
-            yield FakeSandbox(lease, files, self.evaluate_seconds)
+            yield FakeSandbox(lease, files, self.tasks, self.evaluate_seconds, self.outcomes, self.evaluated)
         finally:
             await self.release(lease.id)
 

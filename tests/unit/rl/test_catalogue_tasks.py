@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from sandfleet.rl.tasks import TaskBuildError, apply_edit, from_catalogue
+from sandfleet.rl.tasks import (
+    DEFAULT_CATALOGUE,
+    TaskBuildError,
+    apply_edit,
+    from_catalogue,
+    image_name,
+    load_tasks,
+)
+from sandfleet.tasks.catalogue import parse_catalogue
 from tests.unit.tasks.test_catalogue import VALID
 
 REPO = Path(__file__).resolve().parents[3]
@@ -39,3 +47,17 @@ def test_a_bad_catalogue_or_id_is_one_clear_error(tmp_path: Path) -> None:
     path.write_text(VALID)
     with pytest.raises(TaskBuildError, match="no task nope"):
         from_catalogue(path, ["nope"])
+
+
+def test_the_default_tasks_are_the_ci_catalogues() -> None:
+    tasks = load_tasks()
+    expected = parse_catalogue(DEFAULT_CATALOGUE.read_text(), str(DEFAULT_CATALOGUE))
+    assert DEFAULT_CATALOGUE == REPO / "tasks" / "ci.yaml"
+    assert [t.name for t in tasks] == [t.id for t in expected.tasks]
+    assert all(t.candidates[t.correct] == t.original and t.broken in t.candidates for t in tasks)
+    assert image_name(DEFAULT_CATALOGUE) == "tasks-ci"  # the image `task check` verifies in CI
+
+
+def test_a_missing_catalogue_says_to_pass_one(tmp_path: Path) -> None:
+    with pytest.raises(TaskBuildError, match=r"no task catalogue at .*nope.yaml; pass --tasks"):
+        load_tasks(tmp_path / "nope.yaml")

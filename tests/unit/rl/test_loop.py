@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import cast
 
 import pytest
 
-from sandfleet.client import AsyncFleet
+from sandfleet.client import AsyncFleet, Forbidden, SandboxLost
 from sandfleet.rl.loop import Actor, Learner, LearnerClosed, LocalLink, LoopConfig, LoopStats, run_loop
 from sandfleet.rl.policy import Trajectory
 from sandfleet.rl.processes import release_own_leases, run_actors, stop_after
+from sandfleet.rl.tasks import load_tasks
 from tests.unit.rl.fakes import FakeFleet
+
+TASK = load_tasks()[0]  # the default catalogue's (tasks/ci.yaml)
 
 
 def as_fleet(fake: FakeFleet) -> AsyncFleet:
@@ -49,7 +53,7 @@ async def test_stopping_the_learner_drains_refuses_and_publishes_the_last_versio
     learner = Learner(as_fleet(fake), config, LoopStats())
     await learner.start()
     for _ in range(3):
-        learner.submit(Trajectory("toolz-frequencies", 2, -1.386, 1.0, 0, "a"))
+        learner.submit(Trajectory(TASK.name, TASK.correct, -0.693, 1.0, 0, "a"))
     stop = asyncio.Event()
     running = asyncio.create_task(learner.run(stop))
     await asyncio.sleep(0.05)
@@ -59,14 +63,14 @@ async def test_stopping_the_learner_drains_refuses_and_publishes_the_last_versio
     assert learner.weights().version == 1 == fake.published[-1]
     assert learner.summary()["received"] == 3
     with pytest.raises(LearnerClosed, match="shutting down"):
-        learner.submit(Trajectory("toolz-frequencies", 2, -1.386, 1.0, 0, "a"))
+        learner.submit(Trajectory(TASK.name, TASK.correct, -0.693, 1.0, 0, "a"))
 
 
 async def test_a_full_inbox_pushes_back() -> None:
     learner = Learner(as_fleet(FakeFleet()), LoopConfig(), LoopStats(), inbox_limit=1)
-    learner.submit(Trajectory("toolz-frequencies", 0, -1.0, 0.0, 0))
+    learner.submit(Trajectory(TASK.name, 0, -1.0, 0.0, 0))
     with pytest.raises(LearnerClosed, match="full"):
-        learner.submit(Trajectory("toolz-frequencies", 0, -1.0, 0.0, 0))
+        learner.submit(Trajectory(TASK.name, 0, -1.0, 0.0, 0))
 
 
 async def test_an_episode_rewards_the_fix_and_labels_its_lease_with_the_actor() -> None:
@@ -80,6 +84,7 @@ async def test_an_episode_rewards_the_fix_and_labels_its_lease_with_the_actor() 
     for index in range(20):
         task = config.tasks[index % len(config.tasks)]
         trajectory = await actor.episode(task, f"e{index}")
+        assert trajectory is not None  # the fake fleet never fails an episode unless told to
         rewards.add(trajectory.reward)
         assert trajectory.reward == float(task.candidates[trajectory.action] == task.original)
     assert rewards == {0.0, 1.0}
@@ -110,3 +115,61 @@ async def test_release_own_leases_leaves_other_actors_alone() -> None:
     theirs = fake.grant({"run": "r", "actor": "b0"}, 0)
     assert await release_own_leases(as_fleet(fake), "r", ["a0"]) == [mine.id]
     assert list(fake.live) == [theirs.id]
+
+
+async def test_an_infra_error_is_masked_and_a_time_out_is_a_counted_zero() -> None:
+    fake = FakeFleet(
+        outcomes=[
+            {"outcome": "infra_error", "reward": 0.0, "outcome_reason": "the verifier wrote no report"},
+            {"outcome": "timed_out", "reward": 0.0, "outcome_reason": "killed"},
+        ]
+    )
+    config = LoopConfig(run="r", think_seconds=0.0, tasks=(TASK,))
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    stats = LoopStats()
+    actor = Actor("a0", as_fleet(fake), config, LocalLink(learner), stats)
+    assert await actor.episode(TASK, "e0") is None
+    assert learner.received == stats.episodes == 0  # never a fake zero for the learner
+    assert stats.infra_errors == 1
+    assert "the verifier wrote no report" in stats.infra_reasons[0]
+    timed_out = await actor.episode(TASK, "e1")
+    assert timed_out is not None
+    assert timed_out.reward == 0.0
+    assert stats.timed_out == 1
+    assert learner.received == stats.episodes == 1
+    assert stats.rewards == [0.0]
+    assert not fake.live  # both leases released
+
+
+async def test_an_episode_asks_for_the_report_and_the_tasks_timeout_and_writes_hidden_tests_last() -> None:
+    task = replace(TASK, timeout_s=33.0, hidden_tests=(("tests/test_hidden.py", "def test_x(): pass\n"),))
+    fake = FakeFleet(tasks=[task])
+    config = LoopConfig(run="r", think_seconds=0.0, tasks=(task,))
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    await Actor("a0", as_fleet(fake), config, LocalLink(learner), LoopStats()).episode(task, "e0")
+    (body,) = fake.evaluated
+    assert body == {"shell": task.test_command, "cwd": task.cwd, "timeout_s": 33.0, "require_report": True}
+
+
+async def test_a_fleet_failure_before_scoring_counts_as_infra_and_a_refusal_as_an_error() -> None:
+    fake = FakeFleet(
+        lease_failures=[
+            SandboxLost(502, "sandbox_lost", "the agent stopped answering"),
+            Forbidden(403, "forbidden", "not your pool"),
+        ]
+    )
+    config = LoopConfig(run="r", think_seconds=0.0, batch_size=100)
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    stop = asyncio.Event()
+    stopper = asyncio.create_task(stop_after(stop, 1.5))  # two failures (0.5 s apart), then episodes
+    stats = await run_actors(as_fleet(fake), config, LocalLink(learner), ["a0"], stop, grace_seconds=1.0)
+    await stopper
+    assert stats.infra_errors == 1
+    assert "SandboxLost" in stats.infra_reasons[0]
+    assert len(stats.errors) == 1
+    assert "Forbidden" in stats.errors[0]
+    assert stats.episodes >= 1
+    assert learner.received == stats.episodes  # the failed episodes sent nothing

@@ -12,11 +12,11 @@ from sandfleet.client import AsyncFleet
 from sandfleet.rl.loop import Learner, LoopConfig, LoopStats
 from sandfleet.rl.policy import SoftmaxPolicy, Trajectory
 from sandfleet.rl.service import learner_app
-from sandfleet.rl.tasks import by_name
+from sandfleet.rl.tasks import load_tasks
 from sandfleet.rl.transport import LearnerClient, LearnerUnavailable
 from tests.unit.rl.fakes import FakeFleet
 
-TASK = by_name("toolz-frequencies")
+TASK = load_tasks()[0]  # the default catalogue's (tasks/ci.yaml)
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def client_for(learner: Learner, retries: int = 0) -> LearnerClient:
 
 
 def right(version: int = 0) -> Trajectory:
-    return Trajectory(TASK.name, TASK.correct, -1.386, 1.0, version, "a0")
+    return Trajectory(TASK.name, TASK.correct, -0.693, 1.0, version, "a0")
 
 
 async def test_trajectories_in_weights_out(learner: Learner) -> None:
@@ -64,7 +64,11 @@ async def test_bad_trajectories_are_422(learner: Learner) -> None:
     transport = httpx.ASGITransport(app=learner_app(learner))
     async with httpx.AsyncClient(transport=transport, base_url="http://learner") as http:
         good = right().to_json()
-        for bad in ({**good, "action": 9}, {**good, "task": "nope"}, {**good, "behaviour_logp": 0.5}):
+        for bad in (
+            {**good, "action": len(TASK.candidates)},
+            {**good, "task": "nope"},
+            {**good, "behaviour_logp": 0.5},
+        ):
             response = await http.post("/v1/trajectories", json={"trajectories": [bad]})
             assert response.status_code == 422, bad
         assert (await http.post("/v1/trajectories", json={"trajectories": []})).status_code == 422
@@ -84,7 +88,7 @@ async def test_a_stopping_learner_answers_503_and_the_client_says_so(learner: Le
 
 async def test_the_client_retries_a_learner_that_is_not_up_yet() -> None:
     calls = 0
-    weights = SoftmaxPolicy({TASK.name: 4})
+    weights = SoftmaxPolicy({TASK.name: len(TASK.candidates)})
 
     def handler(request: httpx.Request) -> httpx.Response:
         nonlocal calls
