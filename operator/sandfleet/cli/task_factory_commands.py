@@ -50,7 +50,15 @@ def mine(
         dump_catalogue,
         parse_catalogue,
     )
-    from sandfleet.tasks.mining import Miner, MiningError, fetch_sdist, test_deps, unpack
+    from sandfleet.tasks.mining import (
+        Miner,
+        MiningError,
+        fetch_sdist,
+        runtime_wheels,
+        test_deps,
+        unpack,
+        unpack_wheels,
+    )
 
     if not re.match(SDIST_PATTERN, sdist):
         raise typer.BadParameter("--sdist takes NAME==VERSION, e.g. idna==3.7")
@@ -69,12 +77,14 @@ def mine(
         archive = fetch_sdist(sdist, root / "downloads")
         tree = unpack(archive, root / "trees" / source_id)
         deps = test_deps(root / "downloads", root, with_coverage=True)
+        requires = unpack_wheels(runtime_wheels(sdist, root / "downloads"), root / f"requires-{source_id}")
         source = Source(sdist=sdist, **({"test_command": test_command} if test_command else {}))
         if tree.name != source.directory:
             raise MiningError(f"{archive.name} unpacks to {tree.name}, not {source.directory}")
         miner = Miner(
-            tree, deps, source_id, source, python, lambda line: typer.echo(f"mine {sdist}: {line}", err=True)
-        )
+            tree, deps, source_id, source, python,
+            lambda line: typer.echo(f"mine {sdist}: {line}", err=True), requires,
+        )  # fmt: skip
         report = miner.mine(max_mutants, seed, jobs)
     except (MiningError, TaskBuildError, OSError) as error:
         console.print(f"[red]error:[/red] {error}")
@@ -179,11 +189,13 @@ async def _check_one(
         outcomes,
         passing_problems,
     )
+    from sandfleet.tasks.mining import suite_pythonpath
 
     source = catalogue.sources[entry.source]
     timeouts = entry.timeouts or source.timeouts
     cwd = f"{WORKSPACE}/tasks/{entry.id}"
-    command = f"PYTHONPATH={WORKSPACE}/.deps:. {source.test_command}"
+    requires = f"{WORKSPACE}/.requires/{source.directory}" if source.directory else None
+    command = f"PYTHONPATH={suite_pythonpath(f'{WORKSPACE}/.deps', requires)} {source.test_command}"
     started = time.monotonic()
     problems: list[str] = []
     async with fleet.lease(

@@ -3,7 +3,8 @@
 Mining runs the package's tests on this host, not in gVisor: every mutant is ours (made by
 `mutations`, not written by a policy), and a host run takes a second where a sandbox round trip
 would add one per mutant. The host runs them with the same interpreter minor version as the image
-(`/usr/bin/python3`, Debian's), under an empty environment, with only pytest's wheels on the path;
+(`/usr/bin/python3`, Debian's), under an empty environment, with pytest's wheels and the package's
+dependencies (`runtime_wheels`) on the path;
 `sandfleet task check` then proves each kept task inside gVisor.
 """
 
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -194,16 +198,21 @@ class Miner:
         source: Source,
         python: str = HOST_PYTHON,
         progress: Callable[[str], None] = print,
+        requires: Path | None = None,
     ) -> None:
         self.tree, self.deps, self.source_id, self.source = tree, deps, source_id, source
-        self.python, self.progress = python, progress
+        self.python, self.progress, self.requires = python, progress, requires
+
+    @property
+    def _pythonpath(self) -> str:
+        return suite_pythonpath(str(self.deps), str(self.requires) if self.requires else None)
 
     def _env(self, tree: Path, junit: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {
             "PATH": f"{Path(self.python).parent}:/usr/bin:/bin",
             "HOME": str(tree),
             "LANG": "C.UTF-8",
-            "PYTHONPATH": f"{self.deps}:.",
+            "PYTHONPATH": self._pythonpath,
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTEST_ADDOPTS": f"--junitxml={junit} -p no:cacheprovider",
             **(extra or {}),
@@ -248,7 +257,7 @@ class Miner:
             rc.write_text(f"[run]\ndata_file = {data}\nsource = {self.tree}\n")
             extra = {
                 "COVERAGE_PROCESS_START": str(rc),
-                "PYTHONPATH": f"{hook}:{self.deps}:.",
+                "PYTHONPATH": f"{hook}:{self._pythonpath}",
             }
             run = self.run_tests(self.tree, timeout, extra)
             if run.exit_code != 0:
@@ -262,8 +271,6 @@ class Miner:
                 capture_output=True,
                 timeout=timeout,
             )
-            import json
-
             files = json.loads(report.read_text())["files"]
         covered: dict[str, frozenset[int]] = {}
         for name, info in files.items():
@@ -401,6 +408,86 @@ def fetch_sdist(requirement: str, downloads: Path) -> Path:
     return found[0]
 
 
+def runtime_wheels(requirement: str, downloads: Path) -> list[Path]:
+    """The wheels `requirement` needs at run time (its dependencies, not itself), fetched and cached.
+
+    A task's tests import its package's dependencies (isodate needs six). pip resolves them once
+    (`install --dry-run --report`); the pins are kept next to the sdist, so a rebuild is offline.
+    """
+    from sandfleet.rl.tasks import TaskBuildError, pip_download
+
+    name, version = requirement.split("==")
+    pins_file = downloads / f"{_canonical(name)}-{version}.requires.txt"
+    if not pins_file.is_file():
+        downloads.mkdir(parents=True, exist_ok=True)
+        report = downloads / f".{pins_file.name}.{os.getpid()}.json"
+        argv = [sys.executable, "-m", "pip", "install",
+                "--dry-run", "--quiet", "--ignore-installed", "--prefer-binary", "--report",
+                str(report), requirement]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, env=_pip_env())
+        if done.returncode != 0:
+            detail = done.stderr.strip()[-800:]
+            raise TaskBuildError(f"resolving {requirement}'s dependencies failed: {detail}")
+        installs = json.loads(report.read_text())["install"]
+        report.unlink()
+        pins = sorted(
+            f"{item['metadata']['name']}=={item['metadata']['version']}"
+            for item in installs
+            if _canonical(item["metadata"]["name"]) != _canonical(name)
+        )
+        pins_file.write_text("".join(f"{pin}\n" for pin in pins))
+    pins = pins_file.read_text().split()
+    missing = [pin for pin in pins if _wheel(downloads, pin) is None]
+    if missing:
+        pip_download(["--only-binary", ":all:", *missing], downloads)
+    wheels = [_wheel(downloads, pin) for pin in pins]
+    absent = [pin for pin, wheel in zip(pins, wheels, strict=True) if wheel is None]
+    if absent:
+        raise TaskBuildError(f"{requirement}: no wheel for its dependencies {', '.join(absent)}")
+    return [wheel for wheel in wheels if wheel is not None]
+
+
+def unpack_wheels(wheels: list[Path], target: Path) -> Path:
+    """The wheels unpacked into `target` (one directory on PYTHONPATH), unless already there."""
+    if not target.is_dir():
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(partial)
+        partial.rename(target)
+    return target
+
+
+def suite_pythonpath(deps: str, requires: str | None) -> str:
+    """PYTHONPATH for a tree's tests: pytest, the tree, then its dependencies.
+
+    The dependencies come after the tree, so none shadows the package under test (six is both
+    isodate's dependency and a task of its own).
+    """
+    return f"{deps}:." + (f":{requires}" if requires else "")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _wheel(downloads: Path, pin: str) -> Path | None:
+    name, version = pin.split("==")
+    for wheel in sorted(downloads.glob("*.whl")):
+        wheel_name, wheel_version = wheel.name.split("-")[:2]
+        if _canonical(wheel_name) == _canonical(name) and wheel_version == version:
+            return wheel
+    return None
+
+
+def _pip_env() -> dict[str, str]:
+    # None of the host's pip settings (PIP_*, a user config) may change what a task resolves to.
+    return {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PIP_CONFIG_FILE": os.devnull,
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "LANG": "C.UTF-8"}  # fmt: skip
+
+
 def unpack(sdist: Path, dest: Path) -> Path:
     """The sdist's tree under `dest`, without shipped bytecode; its top directory."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -424,14 +511,5 @@ def test_deps(downloads: Path, dest: Path, with_coverage: bool) -> Path:
     if missing:
         pip_download(["--only-binary", ":all:", "--python-version", "3.11", *missing], downloads)
     key = hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:12]
-    target = dest / f"deps-{key}"
-    if not target.is_dir():
-        partial = dest / f".deps-{key}.{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        for wheel in wanted:
-            name, version = wheel.split("==")
-            for path in downloads.glob(f"{name}-{version}-*.whl"):
-                with zipfile.ZipFile(path) as archive:
-                    archive.extractall(partial)
-        partial.rename(target)
-    return target
+    wheels = [wheel for pin in wanted if (wheel := _wheel(downloads, pin)) is not None]
+    return unpack_wheels(wheels, dest / f"deps-{key}")

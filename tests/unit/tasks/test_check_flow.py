@@ -62,7 +62,9 @@ def test_a_sound_task_is_verified_with_two_evaluations_that_require_a_report() -
     assert sandbox.files[f"{CWD}/demo.py"] == b"if x < 1:\n    pass\n"
     assert [b["cwd"] for b in sandbox.bodies] == [CWD, CWD]
     assert all(b["require_report"] for b in sandbox.bodies)
-    assert sandbox.bodies[0]["shell"].startswith("PYTHONPATH=/workspace/.deps:. python3 -m pytest")
+    assert sandbox.bodies[0]["shell"].startswith(
+        "PYTHONPATH=/workspace/.deps:.:/workspace/.requires/demo-1.0 python3 -m pytest"
+    )
 
 
 def test_a_fix_that_breaks_a_pass_to_pass_test_is_not_verified() -> None:

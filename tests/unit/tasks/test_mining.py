@@ -7,7 +7,16 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandfleet.tasks.mining import SuiteRun, candidates_for, choose, judge, read_junit, source_files
+from sandfleet.tasks.mining import (
+    SuiteRun,
+    candidates_for,
+    choose,
+    judge,
+    read_junit,
+    runtime_wheels,
+    source_files,
+    suite_pythonpath,
+)
 from sandfleet.tasks.mutations import Mutant, mutants
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -86,3 +95,22 @@ def test_source_files_skip_tests_docs_and_build_scripts(tmp_path: Path) -> None:
         (tmp_path / name).write_text("x = 1\n")
     found = [p.relative_to(tmp_path).as_posix() for p in source_files(tmp_path)]
     assert found == ["pkg/__init__.py", "pkg/core.py", "single.py"]
+
+
+def test_a_trees_dependencies_come_after_the_tree_so_none_shadows_it() -> None:
+    assert suite_pythonpath("/workspace/.deps", "/workspace/.requires/isodate-0.6.1") == (
+        "/workspace/.deps:.:/workspace/.requires/isodate-0.6.1"
+    )
+    assert suite_pythonpath("/deps", None) == "/deps:."
+
+
+def test_pinned_dependencies_are_found_offline_under_any_spelling(tmp_path: Path) -> None:
+    # What an earlier resolve left: the pins next to the sdist, the wheels as PyPI names them.
+    (tmp_path / "typing-extensions-4.12.2.requires.txt").write_text("zope.interface==7.2\nsix==1.17.0\n")
+    for wheel in ("six-1.17.0-py2.py3-none-any.whl", "zope_interface-7.2-cp311-cp311-linux_x86_64.whl"):
+        (tmp_path / wheel).write_bytes(b"")
+    found = runtime_wheels("typing-extensions==4.12.2", tmp_path)
+    assert [w.name for w in found] == [
+        "zope_interface-7.2-cp311-cp311-linux_x86_64.whl",
+        "six-1.17.0-py2.py3-none-any.whl",
+    ]
