@@ -21,7 +21,7 @@ import yaml
 from localcluster.addresses import REAL_POD_CIDR
 from sandfleet.client import Fleet, Sandbox
 from sandfleet.core import api
-from sandfleet.rl.tasks import TASKS, apply_edit
+from sandfleet.rl.tasks import DEFAULT_CATALOGUE, apply_edit, image_name, load_tasks
 from sandfleet.rl.tasks import build_image as build_task_image
 from tests.e2e.real_node.cluster import RealCluster, http_get_from_pod, pod_json
 from tests.e2e.real_node.conftest import real_cluster  # noqa: F401  (the session fixture)
@@ -31,7 +31,8 @@ from tests.unit.helm.chart import CHART, REPO, helm_binary
 RELEASE = "sandfleet"
 SANDBOXES = 2
 SANDBOX_REF = "localhost/sandfleet/sandbox:0.1.0"
-# The pool runs the task image: real PyPI packages with our bugs, so evaluate runs their own tests.
+# The pool runs the default catalogue's task image: real PyPI packages with mined bugs, so evaluate
+# runs their own tests.
 TASKS_REF = "localhost/sandfleet/sandbox-tasks:0.1.0"
 # A port a Pod of the namespace serves on that the sandboxes' egress allow-list opens.
 ALLOWED_PORT = 9099
@@ -115,7 +116,8 @@ def install(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory)
     real_cluster.import_image(Path(product["archive"]), product["ref"])
     sandbox = _json_line([str(REPO / "sandbox_image" / "build"), "--json"])
     real_cluster.import_image(Path(sandbox["archive"]), SANDBOX_REF)
-    real_cluster.import_image(Path(build_task_image()["archive"]), TASKS_REF)
+    built = build_task_image(load_tasks(), image_name(DEFAULT_CATALOGUE))
+    real_cluster.import_image(Path(built["archive"]), TASKS_REF)
     namespace = f"helm-{int(time.time())}"
     real_cluster.kubectl("create", "namespace", namespace)
     # Pod Security as the chart requires (and checks): sandboxes at baseline, the rest warned at restricted.
@@ -158,16 +160,20 @@ def test_pools_fill_with_gvisor_sandboxes(install: Install) -> None:
 
 
 def test_lease_exec_evaluate_release_through_the_gateway(install: Install) -> None:
-    task = TASKS[0]
+    task = load_tasks()[0]
     path = f"{task.cwd}/{task.path}"
     with install.fleet() as fleet, fleet.lease("python", labels={"run": "e2e"}) as sandbox:
         assert sandbox.exec(["python3", "-c", "print(6 * 7)"]).stdout.strip() == "42"
         assert "gVisor" in sandbox.exec(["dmesg"]).stdout
-        # The package's own tests fail on our bug, and pass once the patch restores upstream's line.
-        assert sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)["reward"] == 0.0
+        # The package's own tests fail on the bug, and pass once the edit restores upstream's text.
+        assert (
+            sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s)["reward"] == 0.0
+        )
         broken = sandbox.read_file(path).decode()
         sandbox.write_file(path, apply_edit(broken, task.broken, task.original))
-        assert sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)["reward"] == 1.0
+        assert (
+            sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s)["reward"] == 1.0
+        )
         leased_pod = sandbox.lease.sandbox
     with install.fleet() as fleet:
         assert fleet.leases(run="e2e") == []

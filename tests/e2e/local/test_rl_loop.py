@@ -1,4 +1,4 @@
-"""The RL loop on the embedded default: real tasks in gVisor, policy staleness, a short real run."""
+"""The RL loop on the embedded default: the default catalogue in gVisor, staleness, a short real run."""
 
 from __future__ import annotations
 
@@ -12,20 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from sandfleet.client import AsyncFleet, Fleet, PolicyConflict
+from sandfleet.client import AsyncFleet, Fleet, Outcome, PolicyConflict
 from sandfleet.local.tools import ImageRef
 from sandfleet.rl.loop import LoopConfig, run_loop
-from sandfleet.rl.tasks import TASKS, apply_edit, cache_dir, prepare_workspace
+from sandfleet.rl.tasks import apply_edit, cache_dir, load_tasks, prepare_workspace
 from tests.support.servers import free_port, runsc_sandboxes, wait_until_ready
 
 pytestmark = pytest.mark.gvisor
+TASKS = load_tasks()  # the default catalogue's (tasks/ci.yaml): what `serve --local --tasks` serves
 
 
 @pytest.fixture(scope="module")
 def tasks_gateway(
     runsc: Path, base_image: ImageRef, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """`sandfleet serve --local --tasks`: the task image (fetched from PyPI once, then cached) warm."""
+    """`sandfleet serve --local --tasks`: the default catalogue's image (sdists from PyPI, cached) warm."""
     tmp = tmp_path_factory.mktemp("rl")
     before = runsc_sandboxes()
     port = free_port()
@@ -47,7 +48,7 @@ def tasks_gateway(
 
 def test_only_the_original_line_passes_each_packages_tests(tmp_path: Path) -> None:
     # On the host (same Python minor as the image): the reward must tell the candidates apart.
-    workspace = prepare_workspace(root=tmp_path, downloads=cache_dir() / "downloads")
+    workspace = prepare_workspace(TASKS, root=tmp_path, downloads=cache_dir() / "downloads")
     for task in TASKS:
         directory = workspace / "tasks" / task.name
         target = directory / task.path
@@ -71,24 +72,28 @@ def test_each_task_is_broken_and_its_own_tests_reward_the_fix(tasks_gateway: str
         for task in TASKS:
             with fleet.lease("tasks", labels={"run": "tasks-check"}) as sandbox:
                 path = f"{task.cwd}/{task.path}"
-                broken = sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)
-                assert broken["reward"] == 0.0, (task.name, broken["exec"])
+                run = {"shell": task.test_command, "cwd": task.cwd, "timeout_s": task.timeout_s,
+                       "require_report": True}  # fmt: skip
+                broken = sandbox.evaluate(**run)
+                assert (broken.outcome, broken.reward) == (Outcome.FAILED, 0.0), (task.name, broken["exec"])
                 source = sandbox.read_file(path).decode()
                 sandbox.write_file(path, apply_edit(source, task.broken, task.original))
-                fixed = sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=120)
-                assert fixed["reward"] == 1.0, (task.name, fixed["exec"])
-                assert fixed["counts"]["passed"] >= 1
+                fixed = sandbox.evaluate(**run)
+                assert (fixed.outcome, fixed.reward) == (Outcome.PASSED, 1.0), (task.name, fixed["exec"])
+                assert fixed.counts["passed"] >= 1
 
 
 def test_large_files_read_whole_through_the_gateway(tasks_gateway: str) -> None:
     # Regression: body-less GETs were forwarded as empty chunked bodies; the agent then reset the
-    # connection and large responses (this file is ~150 kB) were cut off.
-    task = TASKS[-1]
+    # connection and large responses (over 100 kB, a package's data module) were cut off.
     with Fleet(tasks_gateway, retries=0) as fleet, fleet.lease("tasks") as sandbox:
-        size = int(sandbox.exec(["stat", "-c", "%s", f"{task.cwd}/{task.path}"]).stdout)
+        found = sandbox.exec(["find", "/workspace/tasks", "-type", "f", "-size", "+100k", "-print", "-quit"])
+        path = found.stdout.strip()
+        assert path, "the task image has no file over 100 kB to read"
+        size = int(sandbox.exec(["stat", "-c", "%s", path]).stdout)
         assert size > 100_000
         for _ in range(5):
-            assert len(sandbox.read_file(f"{task.cwd}/{task.path}")) == size
+            assert len(sandbox.read_file(path)) == size
 
 
 def test_a_stale_acquire_is_refused_by_the_real_gateway(tasks_gateway: str) -> None:
@@ -106,6 +111,8 @@ async def test_a_short_real_run_of_the_loop(tasks_gateway: str) -> None:
     async with AsyncFleet(tasks_gateway) as fleet:
         stats, learner = await run_loop(fleet, config)
         assert stats.episodes >= 2, stats.errors
+        assert not stats.errors
+        assert stats.infra_errors == 0, stats.infra_reasons  # a healthy fleet: nothing to mask
         assert set(stats.rewards) <= {0.0, 1.0}
         assert stats.updates, "the learner never stepped"
         assert (await fleet.policy("ci-loop"))["version"] == learner.policy.version >= 1
