@@ -40,35 +40,27 @@ def test_a_scored_episode_keeps_its_reward(outcome: Outcome, reward: float) -> N
     assert verdict(outcome, reward) == Verdict(train=True, reward=reward)
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        SandboxLost(502, "sandbox_lost", "the agent stopped answering"),
-        Unavailable(503, "unavailable", "the Kubernetes API is away"),
-        SandboxError(500, "internal", "the agent failed"),
-        NoSandboxInTime(504, "no_sandbox", "none warm within 60s"),
-        QueueFull(429, "queue_full", "the queue is full"),
-        LeaseEnded(410, "lease_ended", "the lease expired"),
-        httpx.ConnectError("connection refused"),
-        httpx.ReadTimeout("timed out"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_the_fleet_failing_is_infrastructure(error: BaseException) -> None:
-    assert is_infrastructure(error)
+# Each error, and whether it is the fleet's failure (masked) or the caller's mistake (an error to fix).
+ERRORS: list[tuple[BaseException, bool]] = [
+    (SandboxLost(502, "sandbox_lost", "the agent stopped answering"), True),
+    (Unavailable(503, "unavailable", "the Kubernetes API is away"), True),
+    (SandboxError(500, "internal", "the agent failed"), True),
+    (NoSandboxInTime(504, "no_sandbox", "none warm within 60s"), True),
+    (QueueFull(429, "queue_full", "the queue is full"), True),
+    (LeaseEnded(410, "lease_ended", "the lease expired"), True),
+    (httpx.ConnectError("connection refused"), True),
+    (httpx.ReadTimeout("timed out"), True),
+    (Forbidden(403, "forbidden", "not your pool"), False),
+    (NotFound(404, "no_pool", "no pool tasks"), False),
+    (PolicyConflict(409, "stale", "too stale"), False),
+    (SandfleetError(422, "invalid", "timeout_s must be positive"), False),
+    (ValueError("the edit's anchor occurs 0 times, not once"), False),
+    (KeyError("task"), False),
+]
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        Forbidden(403, "forbidden", "not your pool"),
-        NotFound(404, "no_pool", "no pool tasks"),
-        PolicyConflict(409, "stale", "too stale"),
-        SandfleetError(422, "invalid", "timeout_s must be positive"),
-        ValueError("the edit's anchor occurs 0 times, not once"),
-        KeyError("task"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_the_callers_own_mistakes_are_not_masked(error: BaseException) -> None:
-    assert not is_infrastructure(error)
+@pytest.mark.parametrize(("error", "fleets"), ERRORS, ids=[type(e).__name__ for e, _ in ERRORS])
+def test_the_fleet_failing_is_infrastructure_and_the_callers_mistakes_are_not(
+    error: BaseException, fleets: bool
+) -> None:
+    assert is_infrastructure(error) is fleets
