@@ -41,7 +41,8 @@ REPOSITORY = "localhost/sandfleet/sandfleet"
 DEPS_TAG = "deps"
 LOCK_NAME = "hack/product-image.lock"
 # What the sandfleet wheel is built from (pyproject's packages.find also picks up the agent).
-SOURCES = ("pyproject.toml", "README.md", "operator", "sandbox_image/sandfleet_agent")
+# tasks/: the task catalogues the RL actor and learner read (SANDFLEET_TASKS names the default).
+SOURCES = ("pyproject.toml", "README.md", "operator", "sandbox_image/sandfleet_agent", "tasks")
 # python3 and the one system library manylinux wheels may need beyond the essential set (numpy
 # links libstdc++); no apt, no perl, no compilers. certifi (a dependency) carries the CA bundle.
 PACKAGES = ("python3", "libstdc++6")
@@ -55,6 +56,7 @@ HOME = f"/home/{USER}"
 PREFIX = "/opt/sandfleet"
 DEPS_DIR = f"{PREFIX}/deps"
 APP_DIR = f"{PREFIX}/app"
+TASKS_DIR = f"{PREFIX}/tasks"
 # Debian's python3 reads .pth files here: both directories land on sys.path for every python3 run,
 # so the launcher, `python3 -c ...` and `kubectl exec ... python3` all see the same packages.
 PTH_FILE = f"/usr/local/lib/python{PYTHON_VERSION}/dist-packages/sandfleet.pth"
@@ -642,6 +644,8 @@ def configure(image: str, version: str, revision: str, source: str) -> None:
         # Logs reach `kubectl logs` as they are written; everything is byte-compiled already.
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
+        # The catalogue `sandfleet rl` reads unless given --tasks (the repository's default one).
+        "SANDFLEET_TASKS": f"{TASKS_DIR}/ci.yaml",
     }
     ib.umoci(
         "config",
@@ -758,6 +762,8 @@ def build_product(the_plan: Plan, deps: ib.BuiltImage, source: Path, started: fl
         ib.umoci("unpack", "--image", image, str(bundle), what="unpack")
         wheel = build_wheel(source, source.parent)
         install_app(bundle / "rootfs", wheel)
+        shutil.copytree(source / "tasks", bundle / "rootfs" / TASKS_DIR.lstrip("/"))
+        normalize_times(bundle / "rootfs", [TASKS_DIR])
         unpacked = tree_bytes(bundle / "rootfs")
         ib.repack(image, bundle, f"sandfleet {the_plan.project.version}")
         ib.umoci("rm", "--image", f"{layout}:{DEPS_TAG}", what="untag the dependency image")

@@ -302,6 +302,7 @@ def _acquire_call(
     policy_version: int | None,
     wait_seconds: float,
     idempotency_key: str | None,
+    image: str | None = None,
 ) -> _Call:
     body: dict[str, Any] = {
         "pool": pool,
@@ -316,6 +317,8 @@ def _acquire_call(
         body["ttl_seconds"] = ttl_seconds
     if policy_version is not None:
         body["policy_version"] = policy_version
+    if image is not None:
+        body["image"] = image
     return _Call("POST", "/v1/leases", json=body, retry=True)
 
 
@@ -472,9 +475,11 @@ class AsyncFleet:
         policy_version: int | None = None,
         wait_seconds: float = 30.0,
         idempotency_key: str | None = None,
+        image: str | None = None,
     ) -> list[Lease]:
+        """Lease `count` sandboxes from `pool` (all or nothing); `image` picks a task image in it."""
         call = _acquire_call(
-            pool, count, regions, ttl_seconds, labels, policy_version, wait_seconds, idempotency_key
+            pool, count, regions, ttl_seconds, labels, policy_version, wait_seconds, idempotency_key, image
         )
         return _leases_from((await self.call(call)).json())
 

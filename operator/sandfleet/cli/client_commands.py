@@ -57,6 +57,9 @@ def lease(
     run: Annotated[str | None, typer.Option(help="Run label (for bulk release).")] = None,
     region: Annotated[list[str], typer.Option(help="Preferred region (repeatable).")] = [],  # noqa: B006
     wait: Annotated[float, typer.Option(help="Seconds to wait in the queue.")] = 30.0,
+    image: Annotated[
+        str | None, typer.Option(help="A task image the pool serves (a TAG of `serve --local --image`).")
+    ] = None,
     url: URL = None,
     token: TOKEN = None,
     as_json: AS_JSON = False,
@@ -66,7 +69,13 @@ def lease(
     with _fleet(url, token) as fleet, console.status(f"waiting for a sandbox from {pool}..."):
         leases = _run(
             lambda: fleet.acquire(
-                pool, count=count, ttl_seconds=ttl, labels=labels, regions=region, wait_seconds=wait
+                pool,
+                count=count,
+                ttl_seconds=ttl,
+                labels=labels,
+                regions=region,
+                wait_seconds=wait,
+                image=image,
             )
         )
     if as_json:

@@ -53,10 +53,10 @@ class Task:
 
     @property
     def test_command(self) -> str:
-        from sandfleet.tasks.mining import test_pythonpath
+        from sandfleet.tasks.mining import suite_pythonpath
 
         requires = f"{WORKSPACE}/.requires/{self.directory}"
-        return f"PYTHONPATH={test_pythonpath(f'{WORKSPACE}/.deps', requires)} {self.command}"
+        return f"PYTHONPATH={suite_pythonpath(f'{WORKSPACE}/.deps', requires)} {self.command}"
 
     @property
     def correct(self) -> int:
@@ -104,7 +104,7 @@ def prepare_workspace(
             with zipfile.ZipFile(wheel) as archive:
                 archive.extractall(workspace / ".deps")
     for task in tasks:
-        # Each package's own dependencies, on its own path (see tasks.mining.test_pythonpath).
+        # Each package's own dependencies, on its own path (see tasks.mining.suite_pythonpath).
         requires = workspace / ".requires" / task.directory
         if not requires.is_dir():
             unpack_wheels(runtime_wheels(task.sdist, downloads), requires)
@@ -176,5 +176,5 @@ def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]
 
 
 def load_tasks(catalogue: Path | None = None) -> tuple[Task, ...]:
-    """A catalogue's tasks; without one, the default catalogue's (tasks/ci.yaml)."""
-    return from_catalogue(catalogue or DEFAULT_CATALOGUE)
+    """A catalogue's tasks; without one, SANDFLEET_TASKS's (the product image sets it), else tasks/ci.yaml."""
+    return from_catalogue(catalogue or Path(os.environ.get("SANDFLEET_TASKS") or DEFAULT_CATALOGUE))

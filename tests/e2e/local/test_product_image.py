@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from sandfleet.rl.tasks import load_tasks
+
 pytestmark = pytest.mark.gvisor
 
 REPO = Path(__file__).resolve().parents[3]
@@ -160,6 +162,15 @@ def test_sandfleet_help_and_the_service_imports_run_in_gvisor(runsc: Path, bundl
     imported = _runsc(runsc, bundle, ["python3", "-c", f"{IMPORTS}; print('imported')"])
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip() == "imported"
+
+
+def test_the_rl_processes_find_their_default_catalogue_in_the_image(runsc: Path, bundle: Path) -> None:
+    # The chart runs `sandfleet rl actor|learner` without --tasks: SANDFLEET_TASKS names the copy.
+    script = "from sandfleet.rl.tasks import load_tasks; print(len(load_tasks()))"
+    loaded = _runsc(runsc, bundle, ["python3", "-c", script])
+    assert loaded.returncode == 0, loaded.stderr
+    expected = len(load_tasks(REPO / "tasks" / "ci.yaml"))
+    assert int(loaded.stdout) == expected
 
 
 def test_every_extension_loads_and_every_module_is_byte_compiled(runsc: Path, bundle: Path) -> None:
