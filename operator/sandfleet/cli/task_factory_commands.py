@@ -119,6 +119,9 @@ def check(
     ids: Annotated[list[str] | None, typer.Option("--ids", help="Only these task ids (repeatable).")] = None,
     pool: Annotated[str, typer.Option(help="Pool serving the catalogue's image.")] = "default",
     wait: Annotated[float, typer.Option(min=1, help="Seconds to wait for a sandbox.")] = 120.0,
+    image: Annotated[
+        str | None, typer.Option(help="The catalogue's image TAG, when the pool serves several.")
+    ] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Write each task's verdict here.")] = None,
     url: URL = None,
     token: TOKEN = None,
@@ -145,7 +148,7 @@ def check(
         results = []
         async with AsyncFleet(url=url, token=token) as fleet:
             for index, entry in enumerate(chosen, start=1):
-                result = await _check_one(fleet, parsed, entry, pool, wait)
+                result = await _check_one(fleet, parsed, entry, pool, wait, image)
                 results.append(result)
                 verdict = (
                     "verified" if result.verified else "[red]FAILED[/red]: " + "; ".join(result.problems)
@@ -178,7 +181,7 @@ def check(
 
 
 async def _check_one(
-    fleet: AsyncFleet, catalogue: Catalogue, entry: Task, pool: str, wait: float
+    fleet: AsyncFleet, catalogue: Catalogue, entry: Task, pool: str, wait: float, image: str | None = None
 ) -> TaskCheck:
     """Bug, then fix, then the clean tree, in one sandbox, each by `evaluate`."""
     from sandfleet.rl.tasks import WORKSPACE
@@ -199,7 +202,7 @@ async def _check_one(
     started = time.monotonic()
     problems: list[str] = []
     async with fleet.lease(
-        pool, wait_seconds=wait, labels={"run": "task-check", "task": entry.id}
+        pool, wait_seconds=wait, image=image, labels={"run": "task-check", "task": entry.id}
     ) as sandbox:
         for path, content in entry.hidden_tests.items():
             await sandbox.write_file(f"{cwd}/{path}", content)
