@@ -80,13 +80,35 @@ $(FOO_BAR_SERVICE_HOST) expansion: the chart's Pods find each other without a DN
 {{- end -}}
 {{- end -}}
 
+{{/* Every SandboxPool the chart renders: `pools`, and the RL tasks' pool when the RL Deployments
+  are on and it names an image. A JSON list (read back with fromJsonArray). */}}
+{{- define "sandfleet.pools" -}}
+{{- $pools := .Values.pools | default list -}}
+{{- if and .Values.rl.enabled .Values.rl.tasksPool.image -}}
+{{- $pools = append $pools .Values.rl.tasksPool -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range $pools -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "two pools are named %q (rl.tasksPool adds one when rl.enabled): rename one, or set rl.tasksPool.image to \"\" and rl.pool to the pool of yours that serves the tasks" .name) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- end -}}
+{{- toJson $pools -}}
+{{- end -}}
+
+{{/* The pool the RL actors lease from. */}}
+{{- define "sandfleet.rlPool" -}}
+{{- .Values.rl.pool | default .Values.rl.tasksPool.name -}}
+{{- end -}}
+
 {{/* The pools the pool-user Role grants "use" on. */}}
 {{- define "sandfleet.accessPools" -}}
 {{- $names := list -}}
 {{- if .Values.poolAccess.pools -}}
 {{- $names = .Values.poolAccess.pools -}}
 {{- else -}}
-{{- range .Values.pools }}{{ $names = append $names .name }}{{ end -}}
+{{- range (include "sandfleet.pools" . | fromJsonArray) }}{{ $names = append $names .name }}{{ end -}}
 {{- end -}}
 {{- toJson $names -}}
 {{- end -}}

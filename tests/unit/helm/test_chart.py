@@ -137,7 +137,7 @@ def test_images_default_to_the_app_version() -> None:
             assert container["imagePullPolicy"] == "IfNotPresent"
     python = named(docs, "SandboxPool", "python")
     assert python["spec"]["template"]["image"] == f"localhost/sandfleet/sandbox:{VERSION}"
-    assert named(docs, "SandboxPool", "rl-tasks")["spec"]["template"]["image"].endswith("rl-tasks:0.1.0")
+    assert named(docs, "SandboxPool", "rl-tasks")["spec"]["template"]["image"].endswith("tasks-ci:0.1.0")
 
 
 def test_image_tag_override() -> None:
@@ -764,3 +764,27 @@ def test_dashboard_ships_in_a_configmap_for_the_grafana_sidecar() -> None:
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["sandfleet.json"]) == dashboard()
     assert not objects(render("--set", "metrics.dashboard.enabled=false"), "ConfigMap")
+
+
+def test_enabling_rl_alone_gives_the_actors_a_pool_of_the_task_image() -> None:
+    docs = render("--set", "rl.enabled=true")
+    tasks = named(docs, "SandboxPool", "rl-tasks")
+    assert tasks["spec"]["template"]["image"] == "sandfleet/tasks-ci:0.1.0"
+    assert tasks["spec"]["replicas"] > 0
+    for role in ("actor", "learner"):
+        deployment = named(docs, "Deployment", f"sandfleet-{role}")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SANDFLEET_POOL"] == "rl-tasks", role
+    (rule,) = named(docs, "Role", "sandfleet-pool-user")["rules"]
+    assert "rl-tasks" in rule["resourceNames"]
+    # Off, the chart adds no pool of its own.
+    assert [p["metadata"]["name"] for p in objects(render(), "SandboxPool")] == ["python"]
+
+
+def test_a_second_pool_of_the_same_name_is_refused_with_the_way_out() -> None:
+    twice = ("--set", "rl.enabled=true", "--set", "pools[0].name=rl-tasks")
+    result = helm("template", "sandfleet", str(CHART), *twice, "--set", "pools[0].regions[0].name=us-east1")
+    assert result.returncode != 0
+    assert 'two pools are named "rl-tasks"' in result.stderr
+    assert 'rl.tasksPool.image to ""' in result.stderr
