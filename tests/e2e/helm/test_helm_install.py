@@ -293,6 +293,58 @@ def test_sandboxes_reach_nothing_and_only_the_gateway_reaches_them(install: Inst
     kube("delete", "pod", "stranger", "--wait=false")
 
 
+def _learner_stats(install: Install) -> dict[str, Any]:
+    """The learner's /v1/stats, read from inside its Pod (its Service admits only the actors)."""
+    read = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8500/v1/stats').read().decode())"
+    out = install.kube("exec", "deploy/sandfleet-learner", "--", "python3", "-c", read)
+    stats: dict[str, Any] = json.loads(out)
+    return stats
+
+
+def test_the_rl_deployments_train_from_pods(install: Install) -> None:
+    # The chart's defaults with only what a node without GPUs and with 2 cores needs changed: the
+    # chart adds the tasks' pool, the actors lease from it and reach the learner by its Service.
+    run = f"pods-{int(time.time())}"
+    small = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+    rl = {
+        "enabled": True,
+        "run": run,
+        "tasksPool": {
+            "name": "rl-tasks", "image": TASKS_REF, "imagePullPolicy": "Never", "replicas": 2,
+            "regions": [{"name": "us-east1", "minWarm": 1}],
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+        },
+        "learner": {"gpus": 0, "device": "numpy", "resources": small, "args": ["--batch-size=2"]},
+        "actor": {"gpus": 0, "replicas": 1, "resources": small, "args": ["--concurrency=2"]},
+    }  # fmt: skip
+    values = install.values.with_name("rl.yaml")
+    values.write_text(yaml.safe_dump({"rl": rl}))
+    result = install.helm(
+        "upgrade", RELEASE, str(CHART), "-f", str(install.values), "-f", str(values),
+        "--wait", "--timeout", "300s",
+    )  # fmt: skip
+    assert result.returncode == 0, f"{result.stderr}\n{install.kube('get', 'pods', '-o', 'wide')}"
+    pool = install.kube.json("get", "sandboxpool", "rl-tasks")
+    assert pool["spec"]["template"]["image"] == TASKS_REF
+
+    def trained() -> bool:
+        stats = _learner_stats(install)
+        return stats["received"] >= 4 and stats["version"] >= 2
+
+    wait_until(trained, timeout=300, what="episodes from the actor Pod to reach the learner Pod", interval=5)
+    stats = _learner_stats(install)
+    assert stats["run"] == run
+    assert any(name.startswith("sandfleet-actor-") for name in stats["by_actor"]), stats["by_actor"]
+    with install.fleet() as fleet:
+        assert fleet.policy(run)["version"] >= 2  # the learner published through the gateway
+        phases = {p["phase"] for p in fleet.profile(run, window_seconds=600)["phases"]}
+    assert {"sandbox_wait", "score", "train"} <= phases, phases
+    result = install.helm(
+        "upgrade", RELEASE, str(CHART), "-f", str(install.values), "--wait", "--timeout", "300s"
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_uninstall_leaves_nothing_but_the_crds(install: Install) -> None:
     result = install.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
     assert result.returncode == 0, result.stderr
