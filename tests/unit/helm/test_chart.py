@@ -788,3 +788,23 @@ def test_a_second_pool_of_the_same_name_is_refused_with_the_way_out() -> None:
     assert result.returncode != 0
     assert 'two pools are named "rl-tasks"' in result.stderr
     assert 'rl.tasksPool.image to ""' in result.stderr
+
+
+def test_your_own_rollout_worker_replaces_the_actor_image_and_command() -> None:
+    docs = render("--set", "rl.enabled=true", "--set", "rl.actor.image=registry.example.com/worker:3",
+                  "--set", "rl.actor.command={python3,-m,worker}")  # fmt: skip
+    (actor,) = named(docs, "Deployment", "sandfleet-actor")["spec"]["template"]["spec"]["containers"]
+    assert (actor["image"], actor["command"]) == (
+        "registry.example.com/worker:3",
+        ["python3", "-m", "worker"],
+    )
+    env = {e["name"] for e in actor["env"]}
+    assert {
+        "SANDFLEET_URL",
+        "SANDFLEET_TOKEN_FILE",
+        "SANDFLEET_RUN",
+        "SANDFLEET_POOL",
+        "SANDFLEET_LEARNER_URL",
+    } <= env
+    (learner,) = named(docs, "Deployment", "sandfleet-learner")["spec"]["template"]["spec"]["containers"]
+    assert learner["image"] == f"localhost/sandfleet/sandfleet:{VERSION}"  # unchanged: the product image
