@@ -329,7 +329,7 @@ def test_the_rl_deployments_train_from_pods(install: Install) -> None:
 
     def trained() -> bool:
         stats = _learner_stats(install)
-        return stats["received"] >= 4 and stats["version"] >= 2
+        return int(stats["received"]) >= 4 and int(stats["version"]) >= 2
 
     wait_until(trained, timeout=300, what="episodes from the actor Pod to reach the learner Pod", interval=5)
     stats = _learner_stats(install)
