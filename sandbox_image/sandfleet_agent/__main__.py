@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from sandfleet_agent import reaper
-from sandfleet_agent.evaluate import default_logs_dir
+from sandfleet_agent.evaluate import HARBOR_SOLUTION_DIR, HARBOR_TESTS_DIR, default_logs_dir
 from sandfleet_agent.server import AgentConfig, AgentServer
 from sandfleet_agent.users import parse_identity
 
@@ -46,8 +46,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="UID:GID evaluate runs the tests as (HOME /home/verifier; the image passes 1001:1001), "
         "or 'none' (the default) for the agent's own",
     )
+    parser.add_argument(
+        "--extra-root",
+        action="append",
+        default=None,
+        help="an absolute directory besides --root that the files routes reach, root's and never the "
+        "commands' user's (repeat; default: Harbor's /tests and /solution, and --logs-dir)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser.parse_args(argv)
+
+
+def extra_roots(given: list[str] | None, logs_dir: Path) -> tuple[Path, ...]:
+    """The extra roots asked for, else Harbor's: its tests and solution go in, its logs come out."""
+    if given is None:
+        return (Path(HARBOR_TESTS_DIR), Path(HARBOR_SOLUTION_DIR), logs_dir)
+    return tuple(Path(root) for root in given if root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose=args.verbose,
         exec_user=exec_user,
         verifier_user=verifier_user,
+        extra_roots=extra_roots(args.extra_root, Path(args.logs_dir)),
     )
     try:
         server = AgentServer((args.host, args.port), config)

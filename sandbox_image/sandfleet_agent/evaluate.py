@@ -36,6 +36,9 @@ from sandfleet_agent.process import (
 from sandfleet_agent.users import Identity, end_all_processes_of
 
 HARBOR_TEST_SCRIPT = "tests/test.sh"
+# Where a Harbor trial uploads a task's tests and its reference solution.
+HARBOR_TESTS_DIR = "/tests"
+HARBOR_SOLUTION_DIR = "/solution"
 PATCH_TIMEOUT_S = 60.0
 OUTPUT_TAIL_BYTES = 64 << 10
 DEFAULT_EVALUATE_TIMEOUT_S = 1800.0

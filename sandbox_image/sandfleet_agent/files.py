@@ -60,7 +60,7 @@ def stat_path(workspace: Workspace, raw: str) -> dict[str, object]:
 def open_for_read(workspace: Workspace, raw: str) -> tuple[BinaryIO, int]:
     """Open a regular file for streaming out; returns the file and its size."""
     path = workspace.resolve(raw)
-    if path == workspace.root:
+    if workspace.is_base(path):
         raise unprocessable(f"{raw!r} is a directory", "is_a_directory")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
@@ -95,7 +95,7 @@ def write_file(
 ) -> dict[str, object]:
     """Write a file atomically (temp file then rename), creating parent directories."""
     path = workspace.resolve(raw)
-    if path == workspace.root or path.is_dir():
+    if workspace.is_base(path) or path.is_dir():
         raise unprocessable(f"{raw!r} is a directory", "is_a_directory")
     parent = _make_parents(workspace, path, raw)
     temp_name = f".{path.name}.{secrets.token_hex(6)}.part"
@@ -105,9 +105,12 @@ def write_file(
             with os.fdopen(descriptor, "wb") as out:
                 written = copy_stream(source, out, length)
                 # Owner before mode: a set-id bit is the commands' user's, never the agent's.
-                if workspace.owner is not None:
-                    os.fchown(out.fileno(), *workspace.owner)
-                os.fchmod(out.fileno(), mode if mode is not None else 0o644)
+                owner = workspace.owner_for(path)
+                if owner is not None:
+                    os.fchown(out.fileno(), *owner)
+                wanted = mode if mode is not None else 0o644
+                # Outside the working area the file stays root's: never a set-id root binary.
+                os.fchmod(out.fileno(), wanted if workspace.in_working_area(path) else wanted & 0o777)
             os.replace(temp_name, path.name, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -171,7 +174,7 @@ def delete(workspace: Workspace, raw: str, recursive: bool) -> dict[str, object]
     """Delete a file, a symlink, or (with recursive) a directory tree; never the root itself."""
     link = _link_path(workspace, raw)
     path = link if link.is_symlink() else workspace.resolve(raw)
-    if path == workspace.root:
+    if workspace.is_base(path):
         raise unprocessable("refusing to delete the working area itself", "cannot_delete_root")
     if not os.path.lexists(path):
         raise not_found(f"no such file or directory: {raw!r}", code="file_not_found")
@@ -274,8 +277,9 @@ def _write_member(workspace: Workspace, target: Path, content: ByteSource, membe
         descriptor = os.open(target.name, _CREATE | os.O_TRUNC, 0o600, dir_fd=parent)
         with os.fdopen(descriptor, "wb") as out:
             written = copy_stream(content, out, member.size)
-            if workspace.owner is not None:
-                os.fchown(out.fileno(), *workspace.owner)
+            owner = workspace.owner_for(target)
+            if owner is not None:
+                os.fchown(out.fileno(), *owner)
             os.fchmod(out.fileno(), member.mode & 0o777)
     finally:
         os.close(parent)
@@ -289,8 +293,9 @@ def _make_link(workspace: Workspace, target: Path, linkname: str) -> None:
             if not stat.S_ISDIR(os.lstat(target.name, dir_fd=parent).st_mode):
                 os.unlink(target.name, dir_fd=parent)
         os.symlink(linkname, target.name, dir_fd=parent)
-        if workspace.owner is not None:
-            os.chown(target.name, *workspace.owner, dir_fd=parent, follow_symlinks=False)
+        owner = workspace.owner_for(target)
+        if owner is not None:
+            os.chown(target.name, *owner, dir_fd=parent, follow_symlinks=False)
     finally:
         os.close(parent)
 
@@ -325,13 +330,13 @@ def _member_target(workspace: Workspace, dest: Path, member: tarfile.TarInfo) ->
     except AgentError:
         raise unsafe_archive(f"member {name!r} would land outside the working area") from None
     target = parent / Path(name).name if Path(name).name else parent
-    if not target.is_relative_to(workspace.root):
+    if not workspace.contains(target):
         raise unsafe_archive(f"member {name!r} would land outside the working area")
     return target
 
 
 def _inside(workspace: Workspace, real: Path) -> bool:
-    return real == workspace.root or real.is_relative_to(workspace.root)
+    return workspace.contains(real)
 
 
 def _check_link(workspace: Workspace, target: Path, linkname: str, name: str) -> None:

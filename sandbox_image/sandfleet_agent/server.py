@@ -46,6 +46,8 @@ class AgentConfig:
     # Who commands and the verifier run as; None runs them as the agent itself (tests on a host).
     exec_user: Identity | None = None
     verifier_user: Identity | None = None
+    # Absolute directories besides the root that files routes reach (Harbor's /tests, /logs, /solution).
+    extra_roots: tuple[Path, ...] = ()
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -59,7 +61,7 @@ class AgentServer(ThreadingHTTPServer):
         super().__init__(address, AgentHandler)
         self.config = config
         owner = None if config.exec_user is None else (config.exec_user.uid, config.exec_user.gid)
-        self.workspace = Workspace(config.root, owner=owner)
+        self.workspace = Workspace(config.root, owner=owner, extra_roots=config.extra_roots)
         self.jobs = jobs.JobTable()
         self.started_at = time.monotonic()
         self.base_env = base_environment(config.root, config.exec_user)
