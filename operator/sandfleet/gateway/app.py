@@ -21,7 +21,7 @@ from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.links import add_links
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.proxy import AgentProxy
-from sandfleet.gateway.routes import health, leases, pools, runs, sandboxes
+from sandfleet.gateway.routes import e2b, health, leases, pools, runs, sandboxes
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import ERRORS, add_error_handlers
 from sandfleet.gateway.runs import MemoryPolicyStore, PolicyStore, Runs
@@ -123,4 +123,5 @@ def create_app(runtime: Runtime) -> FastAPI:
     add_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    e2b.install(app)  # E2B's API over leases, for unmodified `e2b` SDK code (docs/integrations.md)
     return app
