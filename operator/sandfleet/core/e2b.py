@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 # The envd version the surface claims: the SDK gates features on it. 0.5.7 is the first with
 # octet-stream uploads, and past 0.4.0 the SDK sends no per-call user (every command runs as the
@@ -160,6 +161,21 @@ def detail(
         "state": "running",
         "metadata": {k: v for k, v in metadata.items() if k != TEMPLATE_LABEL},
     }
+
+
+def metadata_filter(query: str | None) -> dict[str, str]:
+    """The metadata a `Sandbox.list` filters by (the SDK quotes each key and value, then url-encodes)."""
+    pairs = parse_qsl(query or "", keep_blank_values=True)
+    return {unquote(key): unquote(value) for key, value in pairs}
+
+
+def listed(labels: Mapping[str, str], metadata: Mapping[str, str], states: list[str], template: str) -> bool:
+    """Whether a running sandbox with these labels is in a `Sandbox.list` with these filters."""
+    if states and "running" not in states:
+        return False
+    if template and labels.get(TEMPLATE_LABEL) != template:
+        return False
+    return all(labels.get(key) == value for key, value in metadata.items())
 
 
 def api_error(status: int, message: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import CommandExitException, Sandbox, SandboxException
+from e2b import CommandExitException, Sandbox, SandboxException, SandboxQuery
 
 from sandfleet.local.tools import ImageRef
 from tests.support.servers import start_local_serve, stop_local_serve
@@ -56,6 +56,9 @@ def test_create_run_files_timeout_kill(e2b_env: str) -> None:
         assert held.status_code == 200, held.text
         assert held.json()["lease"]["labels"]["episode"] == "e2b-1"
         assert held.json()["lease"]["ttl_seconds"] == 120
+        found = Sandbox.list(query=SandboxQuery(metadata={"episode": "e2b-1"})).next_items()
+        assert [listed.sandbox_id for listed in found] == [sandbox.sandbox_id]
+        assert Sandbox.list(query=SandboxQuery(metadata={"episode": "another"})).next_items() == []
 
         # commands.run, blocking: stdout, stderr and the exit code, through bash as E2B runs it
         numbers = [3, 4, 5]
@@ -136,6 +139,7 @@ def test_another_tenant_cannot_reach_the_sandbox(e2b_env: str) -> None:
             Sandbox.kill(mine.sandbox_id, api_key=other)
         with pytest.raises(SandboxException):
             Sandbox.set_timeout(mine.sandbox_id, 5, api_key=other)
+        assert Sandbox.list(api_key=other).next_items() == []
         # envd with the other tenant's key: refused, whatever the sandbox header says
         envd = f"{e2b_env}/e2b/envd"
         theirs = {"X-Access-Token": other, "E2b-Sandbox-Id": mine.sandbox_id}

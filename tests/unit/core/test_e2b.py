@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import stat
+import urllib.parse
 
 import httpx
 import pytest
@@ -170,3 +171,17 @@ def test_write_info_and_error_codes() -> None:
     assert e2b.connect_code(404, "file_not_found") == "not_found"
     assert e2b.connect_code(403) == "permission_denied"
     assert e2b.connect_code(418) == "internal"
+
+
+def test_list_filters_as_the_sdk_sends_them() -> None:
+    wanted = {"episode": "a b/c", "run": "r&1"}
+    # the SDK's own encoding (e2b.sandbox_sync.paginator): each key and value quoted, then url-encoded
+    sent = urllib.parse.urlencode({urllib.parse.quote(k): urllib.parse.quote(v) for k, v in wanted.items()})
+    assert e2b.metadata_filter(sent) == wanted
+    assert e2b.metadata_filter(None) == {}
+    labels = {**wanted, e2b.TEMPLATE_LABEL: "python", "other": "x"}
+    assert e2b.listed(labels, wanted, [], "")
+    assert e2b.listed(labels, {}, ["running", "paused"], "python")
+    assert not e2b.listed(labels, {"episode": "other"}, [], "")
+    assert not e2b.listed(labels, {}, ["paused"], "")
+    assert not e2b.listed(labels, {}, [], "node")

@@ -55,6 +55,27 @@ async def create(body: JsonBody, request: Request, who: Authed, shared: PartsDep
     return JSONResponse(answer, status_code=201)
 
 
+@router.get("/sandboxes")
+@router.get("/v2/sandboxes")
+async def list_sandboxes(
+    who: Authed,
+    shared: PartsDep,
+    metadata: str | None = None,
+    state: str = "",
+    template: str = "",
+) -> list[dict[str, Any]]:
+    wanted = e2b.metadata_filter(metadata)
+    states = [s for s in state.split(",") if s]
+    found = (await leases.list_leases(who, shared)).leases
+    return [
+        e2b.detail(
+            v.id, v.labels.get(e2b.TEMPLATE_LABEL, v.pool), who.name, v.acquired_at, v.expires_at, v.labels
+        )
+        for v in found
+        if e2b.listed(v.labels, wanted, states, template)
+    ]
+
+
 @router.get("/sandboxes/{sandbox_id}")
 async def info(sandbox_id: str, who: Authed, shared: PartsDep) -> dict[str, Any]:
     lease = (await leases.get_lease(sandbox_id, who, shared)).lease
