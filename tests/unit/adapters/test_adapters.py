@@ -7,15 +7,12 @@ restated as Protocols and the adapters are checked for conformance and behaviour
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import pytest
 
 from sandfleet.adapters.gym import SandboxEnv
-from sandfleet.adapters.harbor import HarborTask, HarborTaskError
 from sandfleet.adapters.protocol import FleetSandbox
-from sandfleet.adapters.verl import SandboxTool
 from sandfleet.client import AsyncFleet, Fleet
 from tests.unit.adapters.fake_gateway import FakeGateway
 
@@ -44,23 +41,6 @@ class AsyncSandboxProtocol(Protocol):
     async def write(self, path: str, content: str | bytes) -> None: ...
 
     async def close(self) -> None: ...
-
-
-@runtime_checkable
-class VerlBaseTool(Protocol):
-    """verl's BaseTool: create -> id; execute -> (response, step reward, metrics); calc_reward; release."""
-
-    def get_openai_tool_schema(self) -> Any: ...
-
-    async def create(self, instance_id: str | None = None, **kwargs: Any) -> str: ...
-
-    async def execute(
-        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
-    ) -> tuple[str, float, dict[str, Any]]: ...
-
-    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float: ...
-
-    async def release(self, instance_id: str, **kwargs: Any) -> None: ...
 
 
 def same_parameters(implementation: Any, interface: Any, name: str) -> None:
@@ -127,64 +107,3 @@ async def test_async_sandbox_protocol() -> None:
         async with await FleetSandbox.create(fleet, "python") as scoped:
             await scoped.exec(["true"])
         assert gateway.live == []
-
-
-async def test_verl_tool() -> None:
-    gateway = FakeGateway()
-    async with AsyncFleet("http://gateway", transport=gateway.transport()) as fleet:
-        tool = SandboxTool(
-            {"pool": "python", "labels": {"run": "r1"}, "evaluate": {"shell": "pytest"}}, fleet
-        )
-        assert isinstance(tool, VerlBaseTool)
-        for name in ("create", "execute", "calc_reward", "release"):
-            same_parameters(tool, VerlBaseTool, name)
-        assert tool.get_openai_tool_schema()["function"]["name"] == "sandbox"
-        instance = await tool.create(policy_version=2)
-        assert await tool.create(instance) == instance  # create is idempotent per instance
-        assert len(gateway.acquired) == 1
-        assert gateway.acquired[0]["labels"] == {"run": "r1", "episode": instance}
-        text, step_reward, metrics = await tool.execute(instance, {"command": "echo 42 > answer.txt"})
-        assert (text, step_reward, metrics["exit_code"]) == ("ran: echo 42 > answer.txt", 0.0, 0)
-        text, _, _ = await tool.execute(instance, {"patch": "--- a/x\n+++ b/x\n"})
-        assert text.startswith("ran: git apply -")
-        assert await tool.calc_reward(instance) == 0.0
-        assert gateway.evaluations[-1] == {"shell": "pytest"}
-        await tool.release(instance)
-        await tool.release(instance)
-        assert gateway.live == []
-
-
-def harbor_task(root: Path) -> Path:
-    (root / "environment").mkdir(parents=True)
-    (root / "environment" / "Dockerfile").write_text("FROM python:3.11\n")
-    (root / "tests").mkdir()
-    (root / "tests" / "test.sh").write_text("grep -q 42 answer.txt && echo 1 > /logs/verifier/reward.txt\n")
-    (root / "tests" / "data" / "expected.txt").parent.mkdir()
-    (root / "tests" / "data" / "expected.txt").write_text("42\n")
-    (root / "instruction.md").write_text("Write 42 to answer.txt.\n")
-    return root
-
-
-async def test_harbor_task_is_verified_in_the_sandbox(tmp_path: Path) -> None:
-    task = HarborTask.load(harbor_task(tmp_path / "answer-task"))
-    assert task.name == "answer-task"
-    assert task.instruction.startswith("Write 42")
-    assert set(task.tests) == {"test.sh", "data/expected.txt"}
-    gateway = FakeGateway()
-    async with (
-        AsyncFleet("http://gateway", transport=gateway.transport()) as fleet,
-        fleet.lease("python") as sandbox,
-    ):
-        assert await task.verify(sandbox) == 0.0
-        await sandbox.write_file("/workspace/answer.txt", "42")
-        assert await task.verify(sandbox) == 1.0
-        lease = sandbox.lease.id
-    assert gateway.files[lease]["/workspace/tests/test.sh"].startswith(b"grep")
-    assert "/workspace/tests/data/expected.txt" in gateway.files[lease]
-    assert gateway.evaluations[-1] == {"cwd": "/workspace"}
-
-
-def test_not_a_harbor_task(tmp_path: Path) -> None:
-    (tmp_path / "instruction.md").write_text("x")
-    with pytest.raises(HarborTaskError, match=r"tests/test.sh, environment/"):
-        HarborTask.load(tmp_path)
