@@ -21,7 +21,7 @@ from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_LABELS, STARTUP_METRIC
 from sandfleet.core.quotas import CapacityError
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.local.errors import LocalRuntimeError
-from sandfleet.local.plan import demand_boots, prefetch_refusal, startup_phases, template_hash
+from sandfleet.local.plan import demand_boots, idle_spares, prefetch_refusal, startup_phases, template_hash
 from sandfleet.local.pool import WarmPool
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec
 from sandfleet.local.tools import ImageRef
@@ -124,7 +124,8 @@ class LocalBackend(IndexedReads):
         self.warm_pool = self.default.pool  # the pool's own image's
         self.index = SandboxIndex()
         self._local: dict[str, RunscSandbox] = {}
-        self._spares: set[str] = set()  # warm sandboxes booted on demand, outside any warm pool
+        # Warm sandboxes booted on demand, outside any warm pool, and since when each is free.
+        self._spares: dict[str, float] = {}
         self._from_spares: set[str] = set()  # leased ones that came from there (un-claim returns them)
         self._ended: OrderedDict[str, SandboxPod] = OrderedDict()
         self._versions = itertools.count(1)
@@ -195,7 +196,7 @@ class LocalBackend(IndexedReads):
             return  # written since (a retry adopted it): the lease stays
         if sandbox.key in self._from_spares:
             self._from_spares.discard(sandbox.key)
-            self._spares.add(sandbox.key)
+            self._spares[sandbox.key] = self.clock()
         else:
             self.served[current.image_key].pool.put_back(self._local[sandbox.key])
         self._store(replace(current, state=api.LEASE_FREE, lease=None))
@@ -207,7 +208,7 @@ class LocalBackend(IndexedReads):
         """Forget a sandbox (remembering how its lease ended) and destroy it in the background."""
         current = self.index.pop(key, None)
         local = self._local.pop(key, None)
-        self._spares.discard(key)
+        self._spares.pop(key, None)
         self._from_spares.discard(key)
         if current is None or local is None:
             return
@@ -262,7 +263,7 @@ class LocalBackend(IndexedReads):
     def _take(self, key: str) -> bool:
         """Take a warm sandbox out of its warm pool (or the spares); False if it is no longer there."""
         if key in self._spares:
-            self._spares.discard(key)
+            del self._spares[key]
             self._from_spares.add(key)
             return True
         current = self.index.get(key)
@@ -279,7 +280,7 @@ class LocalBackend(IndexedReads):
             return
         finally:
             served.demand_booting -= 1
-        self._spares.add(f"{NAMESPACE}.{local.id}")
+        self._spares[f"{NAMESPACE}.{local.id}"] = self.clock()
         self._on_ready(local, served)
 
     def _on_ready(self, local: RunscSandbox, served: _Served) -> None:
@@ -340,3 +341,5 @@ class LocalBackend(IndexedReads):
                 if sandbox.lease is not None and sandbox.lease.expired(now):
                     log.info("lease %s expired; destroying its sandbox", sandbox.key)
                     self._end(sandbox.key, sandbox.state)  # stays "leased": callers hear "expired"
+            for key in idle_spares(self._spares, now):
+                self._end(key, api.LEASE_FREE)  # booted for callers served meanwhile: not warm stock

@@ -11,6 +11,9 @@ from sandfleet.core.limits import SandboxLimits
 
 # The most sandboxes booted on demand at once: beyond it more parallel boots only slow each other.
 MAX_PARALLEL_DEMAND_BOOTS = 8
+# An on-demand sandbox nobody claimed for this long is surplus: the callers it was booted for were
+# served by refills meanwhile (or gave up), and it must not stand as warm beyond the pool's target.
+SPARE_IDLE_SECONDS = 10.0
 
 
 def demand_boots(
@@ -26,6 +29,13 @@ def demand_boots(
     short = waiting - warm - booting
     room = capacity - held
     return max(0, min(short, room, parallel - booting))
+
+
+def idle_spares(
+    free_since: Mapping[str, float], now: float, idle_seconds: float = SPARE_IDLE_SECONDS
+) -> list[str]:
+    """The on-demand sandboxes (key -> free since) unclaimed for longer than `idle_seconds`: retire them."""
+    return sorted(key for key, since in free_since.items() if now - since > idle_seconds)
 
 
 def prefetch_refusal(

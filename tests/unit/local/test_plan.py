@@ -14,7 +14,9 @@ from sandfleet.core.pods import STARTUP_PHASES
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.plan import (
     MAX_PARALLEL_DEMAND_BOOTS,
+    SPARE_IDLE_SECONDS,
     demand_boots,
+    idle_spares,
     prefetch_refusal,
     startup_phases,
     template_hash,
@@ -93,3 +95,15 @@ def test_an_image_is_named_by_its_layout_and_tag(tmp_path: Path) -> None:
     (tmp_path / "one").mkdir()
     only = _layout(tmp_path / "one", {"x": "sha256:xx"})
     assert image_ref_from_layout(str(only)).tag == "x"  # the one tag a layout holds needs no name
+
+
+@given(st.dictionaries(st.text(min_size=1), st.floats(0, 1000)), st.floats(0, 2000))
+def test_only_spares_idle_past_the_limit_are_retired(free_since: dict[str, float], now: float) -> None:
+    retired = idle_spares(free_since, now)
+    assert retired == sorted(retired)
+    for key, since in free_since.items():
+        assert (key in retired) == (now - since > SPARE_IDLE_SECONDS)
+
+
+def test_a_spare_just_booted_or_just_returned_is_kept() -> None:
+    assert idle_spares({"a": 100.0, "b": 85.0}, now=100.0 + SPARE_IDLE_SECONDS) == ["b"]
