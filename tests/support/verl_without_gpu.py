@@ -12,6 +12,7 @@ tripwire that fails loudly on any use. Nothing of verl's is rewritten or replace
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -32,6 +33,9 @@ class AbsentModule(types.ModuleType):
 
 def install() -> Path:
     """Register the bare packages and tripwires (idempotent); returns verl's installed directory."""
+    registered = sys.modules.get("verl")
+    if registered is not None and getattr(registered, "__path__", None):
+        return Path(next(iter(registered.__path__)))  # a second test module asked: already done
     spec = importlib.util.find_spec("verl")
     if spec is None or spec.submodule_search_locations is None:
         raise RuntimeError("verl is not installed: hack/bootstrap installs verl==0.9.1 with --no-deps")
@@ -43,6 +47,8 @@ def install() -> Path:
         directory = root.joinpath(*name.split(".")[1:])
         package.__path__ = [str(directory)]
         package.__file__ = str(directory / "__init__.py")
+        package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        package.__spec__.submodule_search_locations = [str(directory)]
         sys.modules[name] = package
         parent, _, child = name.rpartition(".")
         if parent:
