@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,10 @@ LOCK_NAME = "hack/product-image.lock"
 # What the sandfleet wheel is built from (pyproject's packages.find also picks up the agent).
 # tasks/: the task catalogues the RL actor and learner read (SANDFLEET_TASKS names the default).
 SOURCES = ("pyproject.toml", "README.md", "operator", "sandbox_image/sandfleet_agent", "tasks")
+# Pins the image takes from pyproject's extras as well, by extra and package name (the version stays
+# pinned in pyproject only): the gateway's E2B envd routes serve with the e2b SDK's own Connect
+# definitions (sandfleet.gateway.routes.e2b_envd), so without it a chart's gateway has no envd.
+IMAGE_EXTRAS = (("integrations", "e2b"),)
 # python3 and the one system library manylinux wheels may need beyond the essential set (numpy
 # links libstdc++); no apt, no perl, no compilers. certifi (a dependency) carries the CA bundle.
 PACKAGES = ("python3", "libstdc++6")
@@ -105,10 +110,23 @@ class Project:
 
 
 def read_project(repo: Path = REPO) -> Project:
-    """The version and the runtime dependencies ([project] dependencies only, never the extras)."""
+    """The version and the runtime dependencies: [project] dependencies, plus the IMAGE_EXTRAS pins."""
     data = tomllib.loads((repo / "pyproject.toml").read_text())
     project = data["project"]
-    return Project(version=str(project["version"]), dependencies=tuple(project["dependencies"]))
+    extras = project.get("optional-dependencies", {})
+    picked = []
+    for extra, name in IMAGE_EXTRAS:
+        found = [line for line in extras.get(extra, []) if requirement_name(line) == name]
+        if len(found) != 1:
+            raise ib.BuildError(f"pyproject.toml's {extra!r} extra must list {name!r} once (found {found})")
+        picked.append(found[0])
+    return Project(version=str(project["version"]), dependencies=(*project["dependencies"], *picked))
+
+
+def requirement_name(requirement: str) -> str:
+    """A requirement's project name, normalized (PEP 503): `E2B_x[extra]==1` is `e2b-x`."""
+    name = re.split(r"[\s\[<>=!~;@(]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def image_ref(version: str) -> str:
@@ -150,7 +168,8 @@ def lock_inputs(dependencies: Sequence[str], arch: str) -> str:
 def format_lock(report: dict[str, object], inputs: str, arch: str) -> str:
     """A requirements file with one pinned, hashed line per package from a `pip --report`."""
     lines = [
-        "# The sandfleet product image's runtime dependencies: pyproject.toml [project] dependencies,",
+        "# The sandfleet product image's runtime dependencies: pyproject.toml [project] dependencies and",
+        f"# {', '.join(f'{name} ({extra} extra)' for extra, name in IMAGE_EXTRAS)},",
         f"# resolved for CPython {PYTHON_VERSION} on manylinux {arch} (Debian bookworm, glibc "
         f"{GLIBC[0]}.{GLIBC[1]}).",
         "# Written by `hack/product-image lock` (the build rewrites it when those inputs change).",

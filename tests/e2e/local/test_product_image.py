@@ -20,8 +20,12 @@ REPO = Path(__file__).resolve().parents[3]
 PRODUCT_IMAGE_SCRIPT = REPO / "hack" / "product-image"
 BUILD_TIMEOUT_S = 1800
 UID = 10001
-# What every sandfleet Deployment imports first: if these load in the image, the chart's Pods start.
-IMPORTS = "import sandfleet.gateway.app, sandfleet.controller.main, sandfleet.rl, sandfleet.cli"
+# What every sandfleet Deployment imports first: if these load in the image, the chart's Pods start
+# (and the gateway serves E2B's envd: its routes need the e2b SDK, which the image carries).
+IMPORTS = (
+    "import sandfleet.gateway.app, sandfleet.gateway.routes.e2b_envd, sandfleet.controller.main,"
+    " sandfleet.rl, sandfleet.cli"
+)
 # Every shared object must find its libraries in the image (a manylinux wheel may need a system
 # library the minimal rootfs lacks), and every module must be byte-compiled already: the chart runs
 # the image with a read-only root filesystem.

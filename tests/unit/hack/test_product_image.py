@@ -11,9 +11,16 @@ from pathlib import Path
 import product_image as pi
 import pytest
 
+# isort: split
+# product_image puts the sandbox image's builder on sys.path: its module is importable after it.
+import image_builder as ib
+
 REPO = Path(__file__).resolve().parents[3]
 MIRROR = "http://deb.debian.org/debian"
 DEPENDENCIES = ["fastapi>=0.165", "numpy>=2.0"]
+# What the image takes from the extras (pi.IMAGE_EXTRAS), as the fixture's pyproject pins it.
+EXTRA_PINS = ["e2b==2.63.0"]
+EXTRAS = '\n[project.optional-dependencies]\nintegrations = ["gymnasium==1.4.0", "e2b==2.63.0"]\n'
 
 
 def _write(path: Path, text: str) -> None:
@@ -28,7 +35,7 @@ def repo(tmp_path: Path) -> Path:
     deps = ", ".join(f'"{d}"' for d in DEPENDENCIES)
     _write(
         root / "pyproject.toml",
-        f'[project]\nname = "sandfleet"\nversion = "0.1.0"\ndependencies = [{deps}]\n',
+        f'[project]\nname = "sandfleet"\nversion = "0.1.0"\ndependencies = [{deps}]\n{EXTRAS}',
     )
     _write(root / "README.md", "# sandfleet\n")
     _write(root / "operator" / "sandfleet" / "__init__.py", '"""sandfleet."""\n')
@@ -36,7 +43,7 @@ def repo(tmp_path: Path) -> Path:
     _write(root / "sandbox_image" / "sandfleet_agent" / "__init__.py", '"""agent."""\n')
     _write(root / "docs" / "images.md", "# images\n")
     _write(root / "tests" / "test_x.py", "def test_x() -> None: ...\n")
-    _write(root / pi.LOCK_NAME, _lock(DEPENDENCIES, "fastapi==0.165.0"))
+    _write(root / pi.LOCK_NAME, _lock(DEPENDENCIES + EXTRA_PINS, "fastapi==0.165.0"))
     return root
 
 
@@ -95,7 +102,7 @@ def test_a_mode_change_under_operator_changes_the_key(repo: Path) -> None:
 
 def test_a_new_pinned_version_rebuilds_the_dependency_layer(repo: Path) -> None:
     before = pi.plan(MIRROR, repo)
-    _write(repo / pi.LOCK_NAME, _lock(DEPENDENCIES, "fastapi==0.165.1"))
+    _write(repo / pi.LOCK_NAME, _lock(DEPENDENCIES + EXTRA_PINS, "fastapi==0.165.1"))
     after = pi.plan(MIRROR, repo)
     assert after.deps_key != before.deps_key
     assert after.key != before.key
@@ -112,7 +119,7 @@ def test_the_version_changes_the_key_and_the_ref(repo: Path) -> None:
 
 
 def test_the_base_rootfs_key_feeds_both_layers() -> None:
-    lock = _lock(DEPENDENCIES, "fastapi==0.165.0")
+    lock = _lock(DEPENDENCIES + EXTRA_PINS, "fastapi==0.165.0")
     one = pi.deps_key(pi.rootfs_key(MIRROR), lock, "x86_64", strip=True)
     other = pi.deps_key(pi.rootfs_key("http://mirror.example/debian"), lock, "x86_64", strip=True)
     assert one != other
@@ -161,16 +168,40 @@ def test_a_stale_lock_is_resolved_again_and_a_current_one_is_not(
     pyproject = repo / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('"numpy>=2.0"', '"numpy>=2.1"'))
     stale = pi.plan(MIRROR, repo)
-    assert calls == [("fastapi>=0.165", "numpy>=2.1")]
+    assert calls == [("fastapi>=0.165", "numpy>=2.1", "e2b==2.63.0")]
     assert "numpy==2.5.0" in (repo / pi.LOCK_NAME).read_text()
     assert pi.plan(MIRROR, repo) == stale
     assert len(calls) == 1
 
 
-def test_only_the_runtime_dependencies_are_read(repo: Path) -> None:
+def test_the_runtime_dependencies_and_only_the_named_extra_pins_are_read(repo: Path) -> None:
     pyproject = repo / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text() + '\n[project.optional-dependencies]\ndev = ["pytest>=9"]\n')
-    assert pi.read_project(repo).dependencies == tuple(DEPENDENCIES)
+    pyproject.write_text(pyproject.read_text() + 'dev = ["pytest>=9"]\n')
+    assert pi.read_project(repo).dependencies == (*DEPENDENCIES, *EXTRA_PINS)
+
+
+@pytest.mark.parametrize(
+    "extras",
+    ["", '\n[project.optional-dependencies]\nintegrations = ["gymnasium==1.4.0"]\n',
+     '\n[project.optional-dependencies]\nintegrations = ["e2b==2.63.0", "E2B>=2"]\n'],
+)  # fmt: skip
+def test_an_image_pin_missing_from_its_extra_or_given_twice_fails_saying_which(
+    repo: Path, extras: str
+) -> None:
+    pyproject = repo / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(EXTRAS, extras))
+    with pytest.raises(ib.BuildError, match="'integrations' extra must list 'e2b' once"):
+        pi.read_project(repo)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "name"),
+    [("e2b==2.63.0", "e2b"), ("E2B_Dockerfile.Utils[x] >= 1", "e2b-dockerfile-utils"),
+     ("uvicorn[standard]>=0.54", "uvicorn"), ("e2b; python_version >= '3.11'", "e2b"),
+     ("e2b @ https://example.invalid/e2b.whl", "e2b"), ("e2bx==1", "e2bx")],
+)  # fmt: skip
+def test_requirement_names_are_normalized(requirement: str, name: str) -> None:
+    assert pi.requirement_name(requirement) == name
 
 
 def test_the_lock_is_pinned_hashed_sorted_and_records_its_inputs() -> None:
