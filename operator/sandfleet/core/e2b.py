@@ -315,6 +315,21 @@ def within_depth(root: str, path: str, depth: int) -> bool:
     return rel.count("/") < depth
 
 
+def check_encoding(content_encoding: str) -> None:
+    """Refuse an upload body the gateway would store still encoded (the SDK's `gzip=True`)."""
+    if content_encoding.strip().lower() not in ("", "identity"):
+        raise E2BRequestError(
+            415, f"uploads with Content-Encoding {content_encoding!r} are not served: write without gzip"
+        )
+
+
+def octet_stream_path(path: str | None) -> str:
+    """Where an octet-stream envd `POST /files` (one file, its bytes the body) writes: its `path`."""
+    if not path:
+        raise E2BRequestError(400, "the path query parameter is required for an octet-stream upload")
+    return path
+
+
 def uploads(content_type: str, body: bytes, path: str | None) -> list[tuple[str, bytes]]:
     """The (path, bytes) an envd `POST /files` carries: one octet-stream body, or multipart parts.
 
@@ -323,9 +338,7 @@ def uploads(content_type: str, body: bytes, path: str | None) -> list[tuple[str,
     """
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind != "multipart/form-data":
-        if not path:
-            raise E2BRequestError(400, "the path query parameter is required for an octet-stream upload")
-        return [(path, body)]
+        return [(octet_stream_path(path), body)]
     head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
     message = BytesParser(policy=HTTP).parsebytes(head + body)
     if not message.is_multipart():

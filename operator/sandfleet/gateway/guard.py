@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"})
 _DATA_PLANE = re.compile(r"^/v1/leases/[^/]+/(exec|jobs|files|evaluate)(/|$)")
 _UPLOADS = re.compile(r"^/v1/leases/[^/]+/files(/archive)?$")
+# E2B's envd upload: an octet-stream body streams through to the agent like our own uploads; a
+# multipart one is parsed in the gateway (gateway/routes/e2b_envd.py), so it gets the data plane's
+# buffered cap. Either may arrive over a while, like any upload.
+_E2B_UPLOADS = re.compile(r"^/e2b/envd/files$")
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,24 @@ class BodyLimits:
     upload: int = 1 << 30  # file and archive uploads, streamed through to the agent
     idle_seconds: float = 30.0
 
-    def cap(self, method: str, path: str) -> int:
+    def cap(self, method: str, path: str, content_type: str = "") -> int:
         if method == "PUT" and _UPLOADS.match(path):
             return self.upload
+        if method == "POST" and _E2B_UPLOADS.match(path):
+            return self.agent if is_multipart(content_type) else self.upload
         if _DATA_PLANE.match(path):
             return self.agent
         return self.control
+
+
+def is_multipart(content_type: str) -> bool:
+    """Whether a Content-Type is multipart/form-data (parameters and case aside)."""
+    return content_type.split(";", 1)[0].strip().lower() == "multipart/form-data"
+
+
+def streamed(path: str) -> bool:
+    """Whether a route's body may take a while (an upload), as long as it never pauses for long."""
+    return bool(_DATA_PLANE.match(path) or _E2B_UPLOADS.match(path))
 
 
 def _problem(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> list[Message]:
@@ -88,14 +104,14 @@ class Guard:
             await self._answer(send, 503, "unavailable", detail, {"Retry-After": "2"})
             return
         scope.setdefault("state", {})["caller"] = caller
-        cap = self.limits.cap(scope["method"], scope["path"])
+        cap = self.limits.cap(scope["method"], scope["path"], headers.get("content-type", ""))
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
             await self._answer(send, 413, "body_too_large", _too_large(int(declared), cap))
             return
         # A control body (at most a MiB) must be in within the idle bound altogether; an upload only
         # may never pause that long, so a client trickling a byte at a time cannot hold a request.
-        whole = not _DATA_PLANE.match(scope["path"])
+        whole = not streamed(scope["path"])
         await self._serve(scope, receive, send, cap, whole)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, cap: int, whole: bool) -> None:

@@ -159,6 +159,17 @@ def test_uploads_from_the_sdks_own_multipart_and_octet_stream_bodies() -> None:
     assert e2b.uploads("application/octet-stream", blob, "o.bin") == [("o.bin", blob)]
     with pytest.raises(e2b.E2BRequestError, match="path"):
         e2b.uploads("application/octet-stream", blob, None)
+    assert e2b.octet_stream_path("dir/o.bin") == "dir/o.bin"
+    for missing in (None, ""):
+        with pytest.raises(e2b.E2BRequestError, match="path query parameter is required") as refused:
+            e2b.octet_stream_path(missing)
+        assert refused.value.status == 400
+    for plain in ("", "identity", " Identity "):
+        e2b.check_encoding(plain)
+    for encoded in ("gzip", "br", "gzip, identity"):
+        with pytest.raises(e2b.E2BRequestError, match="write without gzip") as refused:
+            e2b.check_encoding(encoded)
+        assert refused.value.status == 415
 
 
 def test_write_info_and_error_codes() -> None:

@@ -7,15 +7,23 @@ import asyncio
 from starlette.types import Message, Receive, Scope, Send
 
 from sandfleet.gateway.auth import Authenticator, Caller
-from sandfleet.gateway.guard import BodyLimits, Guard
+from sandfleet.gateway.guard import BodyLimits, Guard, is_multipart, streamed
 
 AUTH = Authenticator(static_tokens={"t": Caller("alice")})
 
 
-def scope(path: str, method: str = "POST", token: str | None = "t", length: int | None = None) -> Scope:
+def scope(
+    path: str,
+    method: str = "POST",
+    token: str | None = "t",
+    length: int | None = None,
+    content_type: str = "",
+) -> Scope:
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     if length is not None:
         headers.append((b"content-length", str(length).encode()))
+    if content_type:
+        headers.append((b"content-type", content_type.encode()))
     return {"type": "http", "method": method, "path": path, "headers": headers}
 
 
@@ -55,6 +63,37 @@ def test_routes_get_their_own_caps() -> None:
     assert limits.cap("POST", "/v1/leases/ns.sb/evaluate") == 2
     assert limits.cap("PUT", "/v1/leases/ns.sb/files") == 3
     assert limits.cap("PUT", "/v1/leases/ns.sb/files/archive") == 3
+    # E2B's envd upload: one octet-stream file streams through like ours; multipart is parsed, buffered
+    assert limits.cap("POST", "/e2b/envd/files", "application/octet-stream") == 3
+    assert limits.cap("POST", "/e2b/envd/files", "") == 3
+    assert limits.cap("POST", "/e2b/envd/files", "Multipart/Form-Data; boundary=x") == 2
+    assert limits.cap("GET", "/e2b/envd/files") == 1
+    assert limits.cap("POST", "/e2b/envd/files/x", "application/octet-stream") == 1
+    assert limits.cap("POST", "/e2b/v2/sandboxes", "application/octet-stream") == 1
+
+
+def test_multipart_and_streamed_routes_are_told_apart() -> None:
+    assert is_multipart("multipart/form-data; boundary=abc")
+    assert is_multipart(" MULTIPART/FORM-DATA")
+    assert not is_multipart("application/octet-stream")
+    assert not is_multipart("multipart/mixed")
+    assert not is_multipart("")
+    assert streamed("/e2b/envd/files")
+    assert streamed("/v1/leases/ns.sb/files")
+    assert not streamed("/e2b/envd/filesystem.Filesystem/ListDir")
+    assert not streamed("/v1/leases")
+
+
+async def test_an_e2b_upload_gets_the_upload_cap_unless_it_is_multipart() -> None:
+    guard = Guard(reading_app, AUTH, BodyLimits(control=1024, agent=2048, upload=4096))
+    octets = scope("/e2b/envd/files", content_type="application/octet-stream")
+    assert await call(guard, octets, [b"x" * 1024] * 4) == (200, 4)
+    assert await call(guard, octets, [b"x" * 1024] * 6) == (413, 5)
+    form = scope("/e2b/envd/files", content_type="multipart/form-data; boundary=b")
+    assert await call(guard, form, [b"x" * 1024] * 2) == (200, 2)
+    assert await call(guard, form, [b"x" * 1024] * 3) == (413, 3)
+    declared = scope("/e2b/envd/files", length=8192, content_type="application/octet-stream")
+    assert await call(guard, declared, [b"x" * 8192]) == (413, 0)
 
 
 async def test_no_body_is_read_without_a_valid_token() -> None:
@@ -74,3 +113,11 @@ async def test_a_declared_length_over_the_cap_is_refused_unread_and_a_streamed_o
 async def test_a_stalled_body_is_cut_off() -> None:
     guard = Guard(reading_app, AUTH, BodyLimits(idle_seconds=0.05))
     assert (await call(guard, scope("/v1/leases"), [b"x"] * 3, pause=0.2))[0] == 408
+
+
+async def test_an_e2b_upload_may_take_longer_than_the_idle_bound_if_it_never_pauses_that_long() -> None:
+    guard = Guard(reading_app, AUTH, BodyLimits(idle_seconds=0.2))
+    upload = scope("/e2b/envd/files", content_type="application/octet-stream")
+    assert await call(guard, upload, [b"x"] * 6, pause=0.05) == (200, 6)
+    assert (await call(guard, scope("/v1/leases"), [b"x"] * 6, pause=0.05))[0] == 408
+    assert (await call(guard, upload, [b"x"] * 3, pause=0.4))[0] == 408

@@ -29,6 +29,7 @@ from sandfleet.core import e2b
 from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import SandboxPod
 from sandfleet.gateway.auth import Caller
+from sandfleet.gateway.guard import is_multipart
 from sandfleet.gateway.routes.deps import Authed, Parts, PartsDep
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for
 
@@ -306,7 +307,14 @@ async def read_file(request: Request, path: str, who: Authed, shared: PartsDep) 
 async def write_files(request: Request, who: Authed, shared: PartsDep, path: str | None = None) -> Response:
     try:
         where = await target(shared, who, request.headers)
-        files = e2b.uploads(request.headers.get("content-type", ""), await request.body(), path)
+        content_type = request.headers.get("content-type", "")
+        e2b.check_encoding(request.headers.get("content-encoding", ""))
+        if not is_multipart(content_type):
+            # One file: streamed through to the agent as it arrives (the Guard caps it as an upload).
+            name = e2b.octet_stream_path(path)
+            await agent(shared, where, "PUT", "/v1/files", params={"path": name}, content=request.stream())
+            return JSONResponse([e2b.write_info(name)])
+        files = e2b.uploads(content_type, await request.body(), path)
         written = []
         for name, data in files:
             await agent(shared, where, "PUT", "/v1/files", params={"path": name}, content=data)
