@@ -62,28 +62,54 @@ def eta_per_place(refill_rate: float, spinup_seconds: float) -> float:
 def serve_order(
     waiters: Iterable[tuple[int, float]], warm: int, overtake_seconds: float
 ) -> list[tuple[int, int]]:
-    """Which waiters (FIFO order; each `(missing, waited_seconds)`) get how many of `warm` sandboxes now.
+    """`serve_plan` for a queue of whole requests only (each `(missing, waited_seconds)`)."""
+    return serve_plan(((missing, waited, False) for missing, waited in waiters), warm, overtake_seconds)
+
+
+def serve_plan(
+    waiters: Iterable[tuple[int, float, bool]], warm: int, overtake_seconds: float
+) -> list[tuple[int, int]]:
+    """Which waiters get how many of `warm` sandboxes now.
+
+    `waiters` are in arrival order, each `(missing, waited_seconds, batch)`: a whole request (a
+    single lease or an all-or-nothing group) or a batch (takes any number up to `missing`).
 
     The rule, bounding head-of-line blocking without starving groups:
     - waiters are served in arrival order, each one whole, while warm sandboxes last;
-    - a waiter that cannot be served whole yet is passed over (those behind it may overtake it)
-      while it has waited less than `overtake_seconds`;
+    - a whole request that cannot be served whole yet is passed over (those behind it may
+      overtake it) while it has waited less than `overtake_seconds`;
     - once it has waited that long it is not overtaken again: it takes what is warm now (a partial
-      claim it keeps) and everything that becomes warm after, until it is whole.
+      claim it keeps) and everything that becomes warm after, until it is whole;
+    - a batch that cannot be served whole takes what is left once the requests behind it that
+      have waited `overtake_seconds` are served by these same rules; its younger followers get
+      nothing meanwhile. The first such batch is the only one that takes part of what is warm.
 
     So a request behind a blocked group waits at most `overtake_seconds` plus the time the group
-    needs to fill, and a group is never overtaken for more than `overtake_seconds`. With
-    `overtake_seconds` 0 this is strict FIFO. Returns `(index, take)` pairs; `take` < `missing`
-    only for the last pair, a group collecting its sandboxes.
+    needs to fill, a group is never overtaken for more than `overtake_seconds`, and a batch soaks
+    up every refill without making anyone behind it wait longer than `overtake_seconds` (a batch
+    is bounded by its own wait instead). With `overtake_seconds` 0 this is strict FIFO. Returns
+    `(index, take)` pairs; `take` < `missing` only for the last pair: a group collecting its
+    sandboxes, or a batch taking the rest.
+
+    Waiters are read lazily and no further than needed: behind a batch that takes the rest, the
+    first waiter younger than `overtake_seconds` ends the walk (in arrival order, all behind it
+    are younger still).
     """
     turns: list[tuple[int, int]] = []
-    for index, (missing, waited) in enumerate(waiters):
+    batch: tuple[int, int] | None = None  # the first batch that could not be served whole
+    for index, (missing, waited, divisible) in enumerate(waiters):
         if warm <= 0:
             break
+        if batch is not None and waited < overtake_seconds:
+            break  # only followers that have waited the bound go before the batch
         if missing <= warm:
             turns.append((index, missing))
             warm -= missing
+        elif divisible:
+            batch = batch or (index, missing)
         elif waited >= overtake_seconds:
             turns.append((index, warm))
-            break
+            return turns  # an old group collects all that is warm, before any batch
+    if batch is not None and warm > 0:
+        turns.append((batch[0], min(batch[1], warm)))
     return turns

@@ -1,4 +1,4 @@
-"""Per-tenant capacity rules: how many leases one caller may hold, group and prefetch sizes."""
+"""Per-tenant capacity rules: how many leases one caller may hold, group, batch and prefetch sizes."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ class Quotas:
     max_leases_per_tenant: int = 2000  # live leases plus sandboxes still being acquired
     max_group_size: int = 256  # sandboxes in one acquire
     max_prefetch_per_tenant: int = 1024  # warm sandboxes one prefetch call may ask for, all images
+    max_batch_size: int = 4096  # sandboxes one batch acquire may ask for (a step's batch)
 
     def __post_init__(self) -> None:
-        if min(self.max_leases_per_tenant, self.max_group_size, self.max_prefetch_per_tenant) < 1:
+        limits = (self.max_leases_per_tenant, self.max_group_size, self.max_prefetch_per_tenant)
+        if min(*limits, self.max_batch_size) < 1:
             raise ValueError("every quota must be at least 1")
 
 
@@ -47,6 +49,34 @@ def check_group(count: int, pool: str, pool_capacity: int, quotas: Quotas) -> No
             "group_too_large",
             f"a group of {count} is above the per-tenant group quota of {quotas.max_group_size} "
             "(SANDFLEET_GATEWAY_MAX_GROUP_SIZE): split it into smaller acquires",
+        )
+
+
+def check_batch(count: int, min_count: int, pool: str, pool_capacity: int, quotas: Quotas) -> None:
+    """Refuse at once a batch (up to `count`, at least `min_count`) that can never be served.
+
+    Only its minimum must fit the pool: a batch asks for up to `count` and takes what it gets. Its
+    maximum must fit the batch and lease quotas, since it is counted against the lease quota whole.
+    """
+    if count > quotas.max_batch_size:
+        raise CapacityError(
+            "batch_too_large",
+            f"a batch of up to {count} is above the batch quota of {quotas.max_batch_size} "
+            "(SANDFLEET_GATEWAY_MAX_BATCH_SIZE): split it into smaller batches",
+        )
+    if count > quotas.max_leases_per_tenant:
+        raise CapacityError(
+            "batch_too_large",
+            f"a batch of up to {count} is above the per-tenant lease quota of "
+            f"{quotas.max_leases_per_tenant} (SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT), so it could "
+            f"never be granted: ask for at most {quotas.max_leases_per_tenant}",
+        )
+    if min_count > pool_capacity:
+        raise CapacityError(
+            "batch_too_large",
+            f"pool {pool!r} holds at most {pool_capacity} sandboxes, so a batch of at least {min_count} "
+            f"can never be served: set min_count to at most {pool_capacity}, or raise the pool's "
+            "maxSandboxes",
         )
 
 

@@ -10,6 +10,7 @@ from sandfleet.core.quotas import (
     CapacityError,
     QuotaExceeded,
     Quotas,
+    check_batch,
     check_group,
     check_leases,
     check_prefetch,
@@ -45,6 +46,18 @@ def test_a_prefetch_past_the_quota_or_the_pool_is_refused_not_clamped() -> None:
     with pytest.raises(CapacityError, match="holds at most 16"):
         check_prefetch([10, 7], "python", 16, QUOTAS)
     check_prefetch([10, 6], "python", 16, QUOTAS)
+
+
+def test_a_batch_is_refused_above_its_quota_above_the_lease_quota_or_when_its_minimum_cannot_fit() -> None:
+    quotas = Quotas(max_leases_per_tenant=5000, max_batch_size=4096)
+    with pytest.raises(CapacityError, match="SANDFLEET_GATEWAY_MAX_BATCH_SIZE") as error:
+        check_batch(4097, 1, "python", 10_000, quotas)
+    assert error.value.code == "batch_too_large"
+    with pytest.raises(CapacityError, match=r"lease quota of 10 .*ask for at most 10"):
+        check_batch(11, 1, "python", 100, QUOTAS)
+    with pytest.raises(CapacityError, match="set min_count to at most 64"):
+        check_batch(100, 65, "python", 64, quotas)
+    check_batch(4096, 64, "python", 64, quotas)  # up to 4,096 from a pool of 64: it takes what it gets
 
 
 def test_quotas_are_at_least_one() -> None:
