@@ -1,4 +1,8 @@
-"""The lease service: claims warm sandboxes for callers in FIFO order per pool, renews and releases."""
+"""The lease service: claims warm sandboxes for callers in FIFO order per pool, renews and releases.
+
+An acquire is a whole request (one sandbox, or an all-or-nothing group) or a batch (up to `count`,
+at least `min_count`, within its wait); core.queueing.serve_plan decides who is served from what.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,15 @@ from sandfleet.core import api
 from sandfleet.core.lease_keys import KeyOwner, key_owner
 from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
 from sandfleet.core.model import SandboxPod, image_key
-from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_order
-from sandfleet.core.quotas import CapacityError, Quotas, check_group, check_leases, check_prefetch
+from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_plan
+from sandfleet.core.quotas import (
+    CapacityError,
+    Quotas,
+    check_batch,
+    check_group,
+    check_leases,
+    check_prefetch,
+)
 from sandfleet.core.warm_index import Shelf
 from sandfleet.gateway.backend import Backend, PoolInfo
 
@@ -72,6 +83,16 @@ class LeaseRequest:
     idempotency_key: str | None = None
     policy_version: int | None = None
     wait_seconds: float = 30.0
+    min_count: int | None = None  # below `count`: a batch (up to count); None or count: a group
+
+    @property
+    def least(self) -> int:
+        """The fewest sandboxes this request accepts: `count` for a group, `min_count` for a batch."""
+        return self.count if self.min_count is None else min(self.min_count, self.count)
+
+    @property
+    def batch(self) -> bool:
+        return self.least < self.count
 
 
 MAX_READY_TIMES = 100_000  # sandboxes whose first warm moment is remembered (for boot time)
@@ -116,6 +137,11 @@ class _Waiter:
     def missing(self) -> int:
         return self.request.count - len(self.got)
 
+    @property
+    def enough(self) -> bool:
+        """Whether what it holds may be handed over (a batch at its minimum; a group only whole)."""
+        return len(self.got) >= self.request.least
+
 
 @dataclass(eq=False)
 class _Shared:
@@ -123,6 +149,15 @@ class _Shared:
 
     task: asyncio.Future[Granted]
     callers: int = 0
+
+
+def _requeue(waiters: deque[_Waiter], waiter: _Waiter) -> None:
+    """Put a waiter back where its arrival places it (it left the queue while its claims ran)."""
+    for index, other in enumerate(waiters):
+        if other.arrived > waiter.arrived:
+            waiters.insert(index, waiter)
+            return
+    waiters.append(waiter)
 
 
 @dataclass
@@ -190,7 +225,10 @@ class LeaseService:
     async def acquire(self, request: LeaseRequest) -> Granted:
         """Lease `count` sandboxes from the pool, waiting in its FIFO queue if none is warm."""
         pool = self.pool(request.pool)
-        check_group(request.count, pool.name, pool.max_sandboxes, self.quotas)
+        if request.batch:
+            check_batch(request.count, request.least, pool.name, pool.max_sandboxes, self.quotas)
+        else:
+            check_group(request.count, pool.name, pool.max_sandboxes, self.quotas)
         if request.image and not pool.other_images and not pool.serves(request.image):
             runs = ", ".join(repr(image) for image in (pool.image, *pool.served_images))
             raise CapacityError(
@@ -210,7 +248,7 @@ class LeaseService:
         shared = self._by_idempotency_key.get(key)
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
             earlier = await self._adopt(self._leases_with_key(request.idempotency_key or "", request.holder))
-            if earlier:
+            if earlier:  # a group's or a batch's: the same leases, however many are still live
                 return Granted(earlier, 0.0, 0.0, 0)
             shared = _Shared(asyncio.ensure_future(self._acquire(request, shelf, ttl)))
             self._by_idempotency_key[key] = shared
@@ -324,7 +362,7 @@ class LeaseService:
         position = len(queue.waiters) + 1
         eta_each = eta_per_place(queue.refills.current(now), self.spinup_seconds)
         # Only a caller who would have to wait is subject to the queue's limit.
-        if queue.waiters or len(self.backend.warm(*shelf)) < request.count:
+        if queue.waiters or len(self.backend.warm(*shelf)) < request.least:
             admission = admit(len(queue.waiters), self.max_waiting, eta_each / request.count)
             if not admission.admitted:
                 raise PoolQueueFull(request.pool, admission)
@@ -363,7 +401,10 @@ class LeaseService:
         if waiter in queue.waiters:
             position = list(queue.waiters).index(waiter) + 1
             queue.waiters.remove(waiter)
-            # All or nothing: what a group got so far goes back to warm (nobody used it).
+            self._dispatch(waiter.shelf)  # a group that left the head may unblock those behind
+            if waiter.enough:
+                return waiter.got  # a batch at its deadline: what it got, at least its minimum
+            # All or nothing: what a group (or a batch below its minimum) got goes back to warm.
             await asyncio.shield(self._give_back(waiter.got))
             raise WaitTimeout(waiter.request.pool, position, position * eta_each)
         # Its claims are in flight: they finish in a round trip, and the caller gets them.
@@ -388,16 +429,17 @@ class LeaseService:
         now = self.clock()
         seen: list[_Waiter] = []
 
-        def needs() -> Iterator[tuple[int, float]]:
+        def needs() -> Iterator[tuple[int, float, bool]]:
             for waiter in queue.waiters:
                 seen.append(waiter)
-                yield waiter.missing, now - waiter.arrived
+                yield waiter.missing, now - waiter.arrived, waiter.request.batch
 
-        # Who is served now, and who may overtake a group that cannot be: core.queueing's rule.
-        for index, take in serve_order(needs(), len(warm), self.overtake_seconds):
+        # Who is served now, who may overtake a group that cannot be, and what a batch takes:
+        # core.queueing's rule.
+        for index, take in serve_plan(needs(), len(warm), self.overtake_seconds):
             waiter = seen[index]
             chosen = warm.take(take, waiter.request.regions, skip)
-            if len(chosen) < take:
+            if len(chosen) < take and not (waiter.request.batch and chosen):
                 for sandbox in chosen:
                     warm.put(sandbox)
                 break  # some are mid-claim or stale: the next change dispatches again
@@ -470,13 +512,15 @@ class LeaseService:
             waiter.got = []
         elif waiter.future.done():
             return
-        elif waiter.missing == 0:
-            waiter.future.set_result(waiter.got)
+        elif waiter.missing == 0 or (waiter.abandoned and failure is None and waiter.enough):
+            waiter.future.set_result(waiter.got)  # whole, or a batch whose wait ended meanwhile
         elif waiter.abandoned or failure is not None:
             await asyncio.shield(self._give_back(waiter.got))
             waiter.future.set_exception(
                 failure or WaitTimeout(waiter.request.pool, 1, eta_per_place(0, self.spinup_seconds))
             )
+        elif waiter.request.batch:
+            _requeue(queue.waiters, waiter)  # a batch collecting: back in its place by arrival
         else:
             queue.waiters.appendleft(waiter)  # lost a race: keep its place at the head
         self._dispatch(waiter.shelf)

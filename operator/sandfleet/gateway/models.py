@@ -11,6 +11,9 @@ from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# The most sandboxes one acquire may name in the schema; the gateway's settings bound groups and
+# batches below it (SANDFLEET_GATEWAY_MAX_GROUP_SIZE, SANDFLEET_GATEWAY_MAX_BATCH_SIZE).
+MAX_ACQUIRE = 10_000
 # Image references are printable ASCII without spaces (and the same in JSON Schema and Python
 # regexes, which disagree on what `\S` excludes).
 IMAGE = r"^[!-~]+$"
@@ -32,7 +35,7 @@ POOL_OR_IMAGE: JsonDict = {
 
 
 class AcquireRequest(Strict):
-    """Lease one sandbox (or `count`, all or nothing) from a pool, or by task image."""
+    """Lease one sandbox, `count` all or nothing (a group), or a batch of up to `count` (`min_count`)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=POOL_OR_IMAGE)
 
@@ -46,7 +49,20 @@ class AcquireRequest(Strict):
         pattern=IMAGE,
         description="Task image (pre-warmed with /v1/prefetch); the pool's own image when omitted.",
     )
-    count: int = Field(1, ge=1, le=256, description="Sandboxes to lease at once (a GRPO group).")
+    count: int = Field(
+        1,
+        ge=1,
+        le=MAX_ACQUIRE,
+        description="Sandboxes to lease at once: all of them (a GRPO group), or up to this many (a batch).",
+    )
+    min_count: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_ACQUIRE,
+        description="A batch: the fewest sandboxes accepted. Granted as soon as `count` are leased, or at "
+        "the end of `wait_seconds` with at least this many (fewer: 504, nothing kept). Omitted or equal "
+        "to `count`: all or nothing.",
+    )
     regions: list[str] = Field(
         default_factory=list, max_length=16, description="Preferred regions, best first."
     )
@@ -70,6 +86,11 @@ class AcquireRequest(Strict):
     def pool_or_image(self) -> Self:
         if self.pool is None and self.image is None:
             raise ValueError("give a pool, an image, or both (GET /v1/pools lists the pools)")
+        if self.min_count is not None and self.min_count > self.count:
+            raise ValueError(
+                f"min_count ({self.min_count}) is above count ({self.count}): a batch asks for up to "
+                "`count` sandboxes and accepts no fewer than `min_count`"
+            )
         return self
 
 
@@ -140,6 +161,8 @@ class LeaseView(BaseModel):
 
 class AcquireResponse(BaseModel):
     leases: list[LeaseView]
+    requested: int = Field(description="Sandboxes asked for (`count`).")
+    granted: int = Field(description="Sandboxes leased: all for a group, `min_count` or more for a batch.")
     queue_position: int = Field(description="Callers ahead on arrival; 0 when served at once.")
     timings: Timings
 

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandfleet.core.quotas import Quotas
 from sandfleet.gateway.guard import BodyLimits
+from sandfleet.gateway.models import MAX_ACQUIRE
 
 # Idle keep-alive connections live longer on the server than in clients (httpx drops its own after
 # 5 s): with equal timeouts a client reuses a connection at the instant the server closes it, and
@@ -52,6 +53,12 @@ class CapacitySettings(BaseSettings):
         2000, ge=1, description="Live leases (plus those being acquired) one caller may hold; 429 above."
     )
     max_group_size: int = Field(256, ge=1, description="Sandboxes one acquire may ask for; 422 above.")
+    max_batch_size: int = Field(
+        4096,
+        ge=1,
+        le=MAX_ACQUIRE,
+        description="Sandboxes one batch acquire (`min_count` below `count`) may ask for; 422 above.",
+    )
     max_prefetch_per_tenant: int = Field(
         1024, ge=1, description="Warm sandboxes one prefetch may ask for, all images together; 422 above."
     )
@@ -64,7 +71,12 @@ class CapacitySettings(BaseSettings):
     )
 
     def quotas(self) -> Quotas:
-        return Quotas(self.max_leases_per_tenant, self.max_group_size, self.max_prefetch_per_tenant)
+        return Quotas(
+            self.max_leases_per_tenant,
+            self.max_group_size,
+            self.max_prefetch_per_tenant,
+            self.max_batch_size,
+        )
 
 
 class TenantSettings(BaseSettings):

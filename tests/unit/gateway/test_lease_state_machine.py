@@ -119,10 +119,19 @@ class LeaseMachine(RuleBasedStateMachine):
         region=st.none() | st.sampled_from(REGIONS),
         ttl=st.none() | st.sampled_from([1, 60, 600, 601, 0, -5]),
         key=st.none() | st.sampled_from(["k1", "k2"]),
+        least=st.none() | st.integers(1, 3),  # a batch when below count
     )
     def acquire(
-        self, holder: str, count: int, run: str | None, region: str | None, ttl: int | None, key: str | None
+        self,
+        holder: str,
+        count: int,
+        run: str | None,
+        region: str | None,
+        ttl: int | None,
+        key: str | None,
+        least: int | None,
     ) -> Any:
+        min_count = None if least is None else min(least, count)
         request = LeaseRequest(
             pool="python",
             holder=holder,
@@ -132,6 +141,7 @@ class LeaseMachine(RuleBasedStateMachine):
             labels={"run": run} if run else {},
             idempotency_key=key,
             wait_seconds=0.02,
+            min_count=min_count,
         )
         try:
             granted = self.run(self.service.acquire(request))
@@ -142,7 +152,7 @@ class LeaseMachine(RuleBasedStateMachine):
         except (WaitTimeout, PoolQueueFull):
             return multiple()
         if key is None:
-            assert len(granted.leases) == count, "all or nothing"
+            assert request.least <= len(granted.leases) <= count, "all or nothing, or a batch's range"
         ids = []
         for lease, sandbox in granted.leases:
             assert lease.holder == holder

@@ -65,12 +65,15 @@ async def lease_request(body: AcquireRequest, who: Caller, shared: Parts) -> Lea
         idempotency_key=body.idempotency_key,
         policy_version=body.policy_version,
         wait_seconds=body.wait_seconds,
+        min_count=body.min_count,
     )
 
 
-def acquire_response(granted: Granted, total_seconds: float) -> AcquireResponse:
+def acquire_response(granted: Granted, requested: int, total_seconds: float) -> AcquireResponse:
     return AcquireResponse(
         leases=[LeaseView.of(lease, sandbox) for lease, sandbox in granted.leases],
+        requested=requested,
+        granted=len(granted.leases),
         queue_position=granted.position,
         timings=Timings(
             queue_ms=granted.queue_seconds * 1000,
@@ -98,7 +101,7 @@ async def acquire(body: AcquireRequest, who: Authed, http: Request, shared: Part
     metrics.lease_wait.labels(request.pool, result).observe(total)
     leases = [lease for lease, _ in granted.leases]
     shared.runs.leased(leases, granted.queue_seconds, granted.claim_seconds, granted.boot_seconds)
-    return acquire_response(granted, total)
+    return acquire_response(granted, body.count, total)
 
 
 @router.get("/v1/leases")

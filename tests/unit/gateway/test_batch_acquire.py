@@ -1,0 +1,182 @@
+"""Batch acquires in the lease service (up to `count`, at least `min_count`, within the wait), in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+import pytest
+
+from sandfleet.core import api
+from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
+from sandfleet.gateway.leasing import LeaseService, WaitTimeout
+from tests.support.backends import POOL, MemoryBackend, request
+
+
+def warm(backend: MemoryBackend, count: int, prefix: str = "s") -> None:
+    for i in range(count):
+        backend.add(f"{prefix}{i}")
+
+
+def leased(backend: MemoryBackend) -> set[str]:
+    return {key for key, s in backend.items.items() if s.state == api.LEASE_LEASED}
+
+
+async def test_a_batch_returns_at_once_when_all_it_asks_for_are_warm() -> None:
+    backend = MemoryBackend()
+    warm(backend, 30)
+    service = LeaseService(backend)
+    started = time.monotonic()
+    granted = await service.acquire(request(count=20, min_count=5, wait_seconds=10))
+    assert time.monotonic() - started < 1
+    assert len(granted.leases) == len({lease.id for lease, _ in granted.leases}) == 20
+    assert leased(backend) == {lease.id for lease, _ in granted.leases}
+
+
+async def test_a_batch_short_of_its_count_returns_what_it_has_at_the_end_of_its_wait() -> None:
+    backend = MemoryBackend()
+    warm(backend, 12)
+    service = LeaseService(backend)
+    started = time.monotonic()
+    granted = await service.acquire(request(count=20, min_count=10, wait_seconds=0.3))
+    waited = time.monotonic() - started
+    assert 0.3 <= waited < 1.5  # it waited for more, then took what there was
+    assert len(granted.leases) == 12
+    assert leased(backend) == {lease.id for lease, _ in granted.leases}
+    assert service.waiting("python") == 0
+
+
+async def test_a_batch_collects_refills_and_returns_as_soon_as_it_is_full() -> None:
+    backend = MemoryBackend()
+    warm(backend, 2)
+    service = LeaseService(backend)
+    batch = asyncio.create_task(service.acquire(request(count=4, min_count=1, wait_seconds=5)))
+    for name in ("r0", "r1"):
+        await asyncio.sleep(0.03)
+        backend.add(name)  # one refill at a time
+    granted = await asyncio.wait_for(batch, 1)  # full: long before its 5 s
+    assert sorted(lease.id for lease, _ in granted.leases) == ["ns.r0", "ns.r1", "ns.s0", "ns.s1"]
+
+
+async def test_a_batch_below_its_minimum_at_the_deadline_gives_everything_back() -> None:
+    backend = MemoryBackend()
+    warm(backend, 3)
+    service = LeaseService(backend)
+    with pytest.raises(WaitTimeout) as timeout:
+        await service.acquire(request(count=10, min_count=5, wait_seconds=0.2))
+    assert timeout.value.position == 1
+    await asyncio.sleep(0.05)  # the un-claims land
+    assert leased(backend) == set()
+    assert sorted(backend.unclaimed) == ["ns.s0", "ns.s1", "ns.s2"]
+
+
+async def test_a_batch_with_no_wait_takes_what_is_warm_now() -> None:
+    backend = MemoryBackend()
+    warm(backend, 3)
+    service = LeaseService(backend)
+    granted = await service.acquire(request(count=10, min_count=1, wait_seconds=0))
+    assert len(granted.leases) == 3
+
+
+async def test_a_single_behind_a_batch_waits_no_longer_than_the_overtaking_bound() -> None:
+    backend = MemoryBackend()
+    service = LeaseService(backend, overtake_seconds=0.1)
+    batch = asyncio.create_task(service.acquire(request(count=50, min_count=1, wait_seconds=1)))
+    await asyncio.sleep(0.01)
+    single = asyncio.create_task(service.acquire(request(wait_seconds=1)))
+    await asyncio.sleep(0.02)
+    backend.add("early")  # the single is young: the batch takes it
+    await asyncio.sleep(0.15)
+    backend.add("late")  # the single has waited the bound: it goes first
+    got = await asyncio.wait_for(single, 1)
+    assert got.leases[0][0].id == "ns.late"
+    assert got.position == 1  # it arrived behind the batch
+    granted = await asyncio.wait_for(batch, 2)
+    assert [lease.id for lease, _ in granted.leases] == ["ns.early"]
+
+
+async def test_an_old_group_behind_a_batch_collects_before_it() -> None:
+    backend = MemoryBackend()
+    service = LeaseService(backend, overtake_seconds=0.05)
+    batch = asyncio.create_task(service.acquire(request(count=50, min_count=1, wait_seconds=0.6)))
+    await asyncio.sleep(0.01)
+    group = asyncio.create_task(service.acquire(request(count=2, wait_seconds=1)))
+    await asyncio.sleep(0.1)
+    for name in ("s0", "s1", "s2"):
+        backend.add(name)  # refills, one claim's round trip apart
+        await asyncio.sleep(0.02)
+    got = await asyncio.wait_for(group, 1)
+    assert len(got.leases) == 2
+    granted = await asyncio.wait_for(batch, 1)
+    assert len(granted.leases) == 1
+    assert {lease.id for lease, _ in got.leases}.isdisjoint(lease.id for lease, _ in granted.leases)
+
+
+async def test_concurrent_batches_never_lease_a_sandbox_twice_under_racing_rivals() -> None:
+    backend = MemoryBackend(steal_probability=0.2, seed=3)
+    warm(backend, 80)
+    service = LeaseService(backend)
+    results = await asyncio.gather(
+        *(service.acquire(request(count=30, min_count=5, wait_seconds=0.3)) for _ in range(4)),
+        return_exceptions=True,
+    )
+    granted = [lease.id for r in results if not isinstance(r, BaseException) for lease, _ in r.leases]
+    assert len(granted) == len(set(granted))
+    assert not set(granted) & backend.stolen
+    assert len(granted) + len(backend.stolen) == 80  # all of the pool went to someone
+    assert leased(backend) - backend.stolen == set(granted)
+
+
+async def test_an_idempotency_key_covers_the_whole_batch() -> None:
+    backend = MemoryBackend()
+    warm(backend, 8)
+    service = LeaseService(backend)
+    ask = request(count=10, min_count=2, wait_seconds=0.1, idempotency_key="step-1")
+    first, retry = await asyncio.gather(service.acquire(ask), service.acquire(ask))
+    later = await service.acquire(ask)
+    ids = sorted(lease.id for lease, _ in first.leases)
+    assert len(ids) == 8
+    assert sorted(lease.id for lease, _ in retry.leases) == ids
+    assert sorted(lease.id for lease, _ in later.leases) == ids
+    assert len(leased(backend)) == 8
+
+
+async def test_a_batch_counts_its_count_against_the_lease_quota_and_above_it_is_refused() -> None:
+    backend = MemoryBackend()
+    warm(backend, 10)
+    service = LeaseService(backend, quotas=Quotas(max_leases_per_tenant=5))
+    with pytest.raises(CapacityError, match="lease quota of 5") as error:
+        await service.acquire(request(count=6, min_count=1))
+    assert error.value.code == "batch_too_large"
+    await service.acquire(request(count=2))
+    with pytest.raises(QuotaExceeded, match="holds 2 leases"):
+        await service.acquire(request(count=4, min_count=1))  # 2 + up to 4 > 5, however few it gets
+
+
+async def test_a_batch_above_the_batch_quota_or_whose_minimum_cannot_fit_the_pool_is_refused() -> None:
+    backend = MemoryBackend()
+    small = replace(POOL, max_sandboxes=4)
+    backend.pool = lambda name: small if name == "python" else None  # type: ignore[method-assign]
+    service = LeaseService(backend, quotas=Quotas(max_batch_size=100))
+    with pytest.raises(CapacityError, match="SANDFLEET_GATEWAY_MAX_BATCH_SIZE"):
+        await service.acquire(request(count=101, min_count=1))
+    with pytest.raises(CapacityError, match="min_count to at most 4"):
+        await asyncio.wait_for(service.acquire(request(count=10, min_count=5, wait_seconds=30)), 0.5)
+    warm(backend, 2)
+    granted = await service.acquire(request(count=10, min_count=1, wait_seconds=0.05))
+    assert len(granted.leases) == 2  # up to 10 from a pool of 4 is fine: it takes what it gets
+
+
+async def test_a_caller_who_leaves_a_batch_leaves_no_lease_behind() -> None:
+    backend = MemoryBackend()
+    warm(backend, 3)
+    service = LeaseService(backend)
+    batch = asyncio.create_task(service.acquire(request(count=10, min_count=1, wait_seconds=5)))
+    await asyncio.sleep(0.05)
+    assert len(leased(backend)) == 3  # claimed for it, held while it waits for more
+    batch.cancel()
+    await asyncio.gather(batch, return_exceptions=True)
+    await asyncio.sleep(0.05)
+    assert leased(backend) == set()
+    assert service.waiting("python") == 0
