@@ -303,6 +303,7 @@ def _acquire_call(
     wait_seconds: float,
     idempotency_key: str | None,
     image: str | None = None,
+    min_count: int | None = None,
 ) -> _Call:
     body: dict[str, Any] = {
         "pool": pool,
@@ -319,6 +320,8 @@ def _acquire_call(
         body["policy_version"] = policy_version
     if image is not None:
         body["image"] = image
+    if min_count is not None:
+        body["min_count"] = min_count
     return _Call("POST", "/v1/leases", json=body, retry=True)
 
 
@@ -476,10 +479,24 @@ class AsyncFleet:
         wait_seconds: float = 30.0,
         idempotency_key: str | None = None,
         image: str | None = None,
+        min_count: int | None = None,
     ) -> list[Lease]:
-        """Lease `count` sandboxes from `pool` (all or nothing); `image` picks a task image in it."""
+        """Lease `count` sandboxes from `pool`; `image` picks a task image in it.
+
+        All or nothing unless `min_count` is below `count`: then a batch, granted as soon as `count`
+        are leased or when `wait_seconds` ends with at least `min_count` (fewer: NoSandboxInTime).
+        """
         call = _acquire_call(
-            pool, count, regions, ttl_seconds, labels, policy_version, wait_seconds, idempotency_key, image
+            pool,
+            count,
+            regions,
+            ttl_seconds,
+            labels,
+            policy_version,
+            wait_seconds,
+            idempotency_key,
+            image,
+            min_count,
         )
         return _leases_from((await self.call(call)).json())
 
@@ -496,6 +513,21 @@ class AsyncFleet:
     async def group(self, pool: str, count: int, **options: Any) -> AsyncIterator[list[AsyncSandbox]]:
         """`count` sandboxes at once, all or nothing (a GRPO group); released on exit."""
         leases = await self.acquire(pool, count=count, **options)
+        try:
+            yield [AsyncSandbox(self, lease) for lease in leases]
+        finally:
+            await asyncio.gather(*(self.release(lease.id) for lease in leases))
+
+    @asynccontextmanager
+    async def batch(
+        self, pool: str, count: int, min_count: int = 1, **options: Any
+    ) -> AsyncIterator[list[AsyncSandbox]]:
+        """Up to `count` sandboxes for a step, at least `min_count`, within `wait_seconds`; released on exit.
+
+        It yields as soon as `count` are leased, or at the end of the wait with what it got; fewer
+        than `min_count` by then is NoSandboxInTime, and nothing is kept.
+        """
+        leases = await self.acquire(pool, count=count, min_count=min_count, **options)
         try:
             yield [AsyncSandbox(self, lease) for lease in leases]
         finally:
@@ -771,6 +803,12 @@ class Fleet(_Blocking[AsyncFleet]):
     def group(self, pool: str, count: int, **options: Any) -> Iterator[list[Sandbox]]:
         """`count` sandboxes at once, all or nothing (a GRPO group); released on exit."""
         with self._entered(self._async.group(pool, count, **options)) as sandboxes:
+            yield [Sandbox(self, sandbox.lease) for sandbox in sandboxes]
+
+    @contextmanager
+    def batch(self, pool: str, count: int, min_count: int = 1, **options: Any) -> Iterator[list[Sandbox]]:
+        """Up to `count` sandboxes for a step, at least `min_count`, in `wait_seconds`; released on exit."""
+        with self._entered(self._async.batch(pool, count, min_count, **options)) as sandboxes:
             yield [Sandbox(self, sandbox.lease) for sandbox in sandboxes]
 
     call = _blocking(AsyncFleet.call)

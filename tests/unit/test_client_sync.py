@@ -117,3 +117,23 @@ def test_closing_stops_the_private_loop_thread() -> None:
         assert {t for t in threading.enumerate() if t.name == "sandfleet-client"} - before
     assert {t for t in threading.enumerate() if t.name == "sandfleet-client"} == before
     fleet.close()  # a second close is harmless
+
+
+def test_a_batch_asks_for_its_range_and_releases_every_lease_it_got() -> None:
+    gateway = Gateway()
+    bodies: list[dict[str, object]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            bodies.append(json.loads(request.content))
+        return gateway.handle(request)
+
+    with Fleet("http://gateway", transport=httpx.MockTransport(handle)) as fleet:
+        with fleet.batch("python", 3, min_count=2, wait_seconds=4.0) as sandboxes:
+            assert [s.lease.id for s in sandboxes] == ["l0", "l1", "l2"]
+        (body,) = bodies
+        assert (body["count"], body["min_count"], body["wait_seconds"]) == (3, 2, 4.0)
+        assert body["idempotency_key"]  # one key for the whole batch: a retry gets the same leases
+        assert sorted(gateway.seen[1:]) == [f"DELETE /v1/leases/l{i}" for i in range(3)]
+        fleet.acquire("python", count=2)
+        assert "min_count" not in bodies[-1]  # a group: all or nothing, as before

@@ -52,7 +52,15 @@ def _run(action: Any) -> Any:
 @app.command()
 def lease(
     pool: Annotated[str, typer.Argument(help="Pool to lease from.")],
-    count: Annotated[int, typer.Option(help="Sandboxes at once (all or nothing).")] = 1,
+    count: Annotated[int, typer.Option(help="Sandboxes at once (all or nothing, unless --min).")] = 1,
+    min_count: Annotated[
+        int | None,
+        typer.Option(
+            "--min",
+            min=1,
+            help="A batch: up to --count, at least this many, after at most --wait seconds.",
+        ),
+    ] = None,
     ttl: Annotated[int | None, typer.Option(help="Lease TTL in seconds.")] = None,
     run: Annotated[str | None, typer.Option(help="Run label (for bulk release).")] = None,
     region: Annotated[list[str], typer.Option(help="Preferred region (repeatable).")] = [],  # noqa: B006
@@ -64,7 +72,7 @@ def lease(
     token: TOKEN = None,
     as_json: AS_JSON = False,
 ) -> None:
-    """Lease sandboxes and print their lease ids."""
+    """Lease sandboxes and print their lease ids, one a line (`--count 512 --min 256`: a batch)."""
     labels = {"run": run} if run else {}
     with _fleet(url, token) as fleet, console.status(f"waiting for a sandbox from {pool}..."):
         leases = _run(
@@ -76,6 +84,7 @@ def lease(
                 regions=region,
                 wait_seconds=wait,
                 image=image,
+                min_count=min_count,
             )
         )
     if as_json:
@@ -83,7 +92,8 @@ def lease(
         return
     for item in leases:
         typer.echo(item.id)
-    console.print(f"leased {len(leases)} in {leases[0].timings.get('total_ms', 0):.1f} ms")
+    asked = f" of {count} asked for" if len(leases) < count else ""
+    console.print(f"leased {len(leases)}{asked} in {leases[0].timings.get('total_ms', 0):.1f} ms")
 
 
 def _sandbox(fleet: Any, lease_id: str) -> Any:
