@@ -5,6 +5,9 @@ output, exit_code = await sandbox.exec("pytest -q", timeout=60)
 await sandbox.write("/workspace/a.py", "...")
 text = await sandbox.read("/workspace/a.py")
 await sandbox.close()
+
+sandboxes = await FleetSandbox.create_batch(fleet, pool="python", count=64, min_count=32)
+# a step's rollouts, one sandbox each: up to 64, at least 32, within the wait; close each after
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ class FleetSandbox:
     async def create(cls, fleet: AsyncFleet, pool: str, **lease_options: Any) -> FleetSandbox:
         (lease,) = await fleet.acquire(pool, **lease_options)
         return cls(AsyncSandbox(fleet, lease))
+
+    @classmethod
+    async def create_batch(
+        cls, fleet: AsyncFleet, pool: str, count: int, min_count: int = 1, **lease_options: Any
+    ) -> list[FleetSandbox]:
+        """A step's sandboxes in one batch acquire: up to `count`, at least `min_count`, in the wait."""
+        leases = await fleet.acquire(pool, count=count, min_count=min_count, **lease_options)
+        return [cls(AsyncSandbox(fleet, lease)) for lease in leases]
 
     @property
     def id(self) -> str:

@@ -41,6 +41,15 @@ RUN = Annotated[
     str, typer.Option("--run", envvar="SANDFLEET_RUN", help="Run name (labels, policy, profile).")
 ]
 SEED = Annotated[int, typer.Option(envvar="SANDFLEET_SEED", help="Random seed.")]
+EPISODES_PER_STEP = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=4096,
+        envvar="SANDFLEET_EPISODES_PER_STEP",
+        help="Episodes an actor runs at once on one batch acquire (samples of one task); 1: a lease each.",
+    ),
+]
 DURATION = Annotated[float, typer.Option(min=0, help="Seconds to run; 0 runs until SIGTERM or SIGINT.")]
 TASKS = Annotated[
     Path | None,
@@ -89,6 +98,7 @@ def run(
     batch_size: Annotated[int, typer.Option(min=1, help="Trajectories per learner step.")] = 4,
     staleness_bound: Annotated[int, typer.Option(min=0, help="Versions an actor may lag.")] = 4,
     think: Annotated[float, typer.Option(min=0, help="Simulated generation seconds per episode.")] = 0.2,
+    episodes_per_step: EPISODES_PER_STEP = 1,
     plots: Annotated[Path | None, typer.Option(help="Directory for reward.svg and profile.svg.")] = None,
     summary_json: Annotated[Path | None, typer.Option(help="Write the summary as JSON here.")] = None,
     tasks: TASKS = None,
@@ -117,6 +127,7 @@ def run(
         staleness_bound=staleness_bound,
         think_seconds=think,
         tasks=_tasks(tasks),
+        episodes_per_step=episodes_per_step,
     )
 
     def progress(stats: LoopStats) -> None:
@@ -262,6 +273,7 @@ def actor(
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help="Episodes in flight in this process.")] = 1,
     think: Annotated[float, typer.Option(min=0, help="Simulated generation seconds per episode.")] = 0.2,
+    episodes_per_step: EPISODES_PER_STEP = 1,
     wait: Annotated[float, typer.Option(min=1, help="Seconds to wait in the gateway's queue.")] = 60.0,
     grace: Annotated[
         float, typer.Option(min=0, help="Seconds an episode in flight may take to finish on SIGTERM.")
@@ -283,7 +295,14 @@ def actor(
 
     base = name or socket.gethostname()
     names = [base] if concurrency == 1 else [f"{base}-{i}" for i in range(concurrency)]
-    config = LoopConfig(run=run_name, pool=pool, think_seconds=think, seed=seed, tasks=_tasks(tasks))
+    config = LoopConfig(
+        run=run_name,
+        pool=pool,
+        think_seconds=think,
+        seed=seed,
+        tasks=_tasks(tasks),
+        episodes_per_step=episodes_per_step,
+    )
 
     def progress(stats: LoopStats) -> None:
         recent = stats.rewards[-20:]

@@ -7,7 +7,9 @@ HTTP endpoint). Both paths run these same `Actor` and `Learner` classes.
 
 An actor takes the newest weights it has (the weight sync), leases a sandbox for its policy
 version, reads the broken file, chooses an edit, writes it, and gets the reward from the package's
-own tests through `evaluate` (the tasks come from a catalogue: `sandfleet.rl.tasks`). An episode
+own tests through `evaluate` (the tasks come from a catalogue: `sandfleet.rl.tasks`). With
+`episodes_per_step` above 1 an actor's step is that many samples of one task, run at once on the
+sandboxes of one batch acquire (up to that many, at least one, within `batch_wait_seconds`). An episode
 the fleet failed (`infra_error`, a lease or transport failure) never reaches the learner as a zero
 reward: it is dropped and counted (`sandfleet.rl.outcomes`). The learner consumes trajectories as
 they arrive, corrects for policy lag (staleness drops, truncated importance weights), updates, and
@@ -29,7 +31,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sandfleet.client import AsyncFleet, NotFound, Outcome, PolicyConflict, SpanReport
+from sandfleet.client import (
+    AsyncFleet,
+    AsyncSandbox,
+    Evaluation,
+    NotFound,
+    Outcome,
+    PolicyConflict,
+    SpanReport,
+)
 from sandfleet.core.profile import percentile
 from sandfleet.rl.outcomes import is_infrastructure, verdict
 from sandfleet.rl.policy import Array, SoftmaxPolicy, Trajectory, UpdateStats
@@ -52,6 +62,8 @@ class LoopConfig:
     clip: float = 2.0
     seed: int = 0
     tasks: tuple[Task, ...] = field(default_factory=load_tasks)
+    episodes_per_step: int = 1  # above 1: an actor's step leases them as one batch
+    batch_wait_seconds: float = 5.0  # how long a step's batch waits for all of them before it runs
 
 
 @dataclass
@@ -234,8 +246,18 @@ class LocalLink:
         self.learner.submit(trajectory)
 
 
+@dataclass(frozen=True)
+class _Played:
+    """An episode as it left its sandbox: the action taken, its log-probability, the score, the spans."""
+
+    action: int
+    logp: float
+    result: Evaluation
+    spans: list[SpanReport]
+
+
 class Actor:
-    """Runs episodes one after another: one leased sandbox per episode."""
+    """Runs episodes one after another (one leased sandbox each), or steps of them (one batch each)."""
 
     def __init__(
         self,
@@ -260,22 +282,78 @@ class Actor:
         while not stop.is_set():
             task = self.config.tasks[int(self.rng.integers(len(self.config.tasks)))]
             try:
-                await self.episode(task, f"{self.name}-{episode}")
+                if self.config.episodes_per_step > 1:
+                    await self.step(task, f"{self.name}-{episode}")
+                else:
+                    await self.episode(task, f"{self.name}-{episode}")
             except PolicyConflict:
                 self.stats.refused += 1  # too stale for the run: take fresh weights and go again
             except Exception as error:  # one failed episode must not end the actor
-                failure = f"{self.name}: {type(error).__name__}: {error}"
-                if is_infrastructure(error):
-                    self.stats.infra_errors += 1
-                    self.stats.infra_reasons.append(failure)
-                else:
-                    self.stats.errors.append(failure)
+                self._failed(error)
                 await asyncio.sleep(0.5)
             episode += 1
+
+    def _failed(self, error: BaseException) -> None:
+        failure = f"{self.name}: {type(error).__name__}: {error}"
+        if is_infrastructure(error):
+            self.stats.infra_errors += 1
+            self.stats.infra_reasons.append(failure)
+        else:
+            self.stats.errors.append(failure)
+
+    def _labels(self, task: Task, episode: str) -> dict[str, str]:
+        # The actor label lets a stopping actor find (and release) a lease it may not have heard of.
+        return {"run": self.config.run, "episode": episode, "task": task.name, "actor": self.name}
 
     async def episode(self, task: Task, episode: str) -> Trajectory | None:
         """One episode; its trajectory once sent to the learner, None if the fleet failed it."""
         policy = await self.link.weights()  # weight sync: whatever the learner published last
+        started = time.time()
+        async with self.fleet.lease(
+            self.config.pool,
+            labels=self._labels(task, episode),
+            policy_version=policy.version,
+            wait_seconds=self.wait_seconds,
+        ) as sandbox:
+            played = await self._play(sandbox, task, policy, started)
+        return await self._finish(task, policy, played)
+
+    async def step(self, task: Task, step: str) -> list[Trajectory | None]:
+        """`episodes_per_step` samples of `task` on one batch of sandboxes; each one's trajectory.
+
+        The batch is granted when all are leased or at the end of `batch_wait_seconds` with at
+        least one, so a step runs as many episodes as there were sandboxes for it; an episode that
+        fails is counted as a lone episode's failure would be, and the others go on.
+        """
+        policy = await self.link.weights()
+        started = time.time()
+        async with self.fleet.batch(
+            self.config.pool,
+            self.config.episodes_per_step,
+            min_count=1,
+            labels=self._labels(task, step),
+            policy_version=policy.version,
+            wait_seconds=self.config.batch_wait_seconds,
+        ) as sandboxes:
+            played = await asyncio.gather(
+                *(self._play(sandbox, task, policy, started) for sandbox in sandboxes),
+                return_exceptions=True,
+            )
+        trajectories: list[Trajectory | None] = []
+        for outcome in played:
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            if isinstance(outcome, BaseException):
+                self._failed(outcome)
+                trajectories.append(None)
+            else:
+                trajectories.append(await self._finish(task, policy, outcome))
+        return trajectories
+
+    async def _play(
+        self, sandbox: AsyncSandbox, task: Task, policy: SoftmaxPolicy, started: float
+    ) -> _Played:
+        """Act in a leased sandbox and score it; `started` is when its acquire began."""
         spans: list[SpanReport] = []
 
         def span(phase: str, start: float) -> float:
@@ -283,30 +361,29 @@ class Actor:
             spans.append(SpanReport(phase, start, now, "actor", self.name))
             return now
 
-        t = time.time()
-        # The actor label lets a stopping actor find (and release) a lease it may not have heard of.
-        labels = {"run": self.config.run, "episode": episode, "task": task.name, "actor": self.name}
-        async with self.fleet.lease(
-            self.config.pool, labels=labels, policy_version=policy.version, wait_seconds=self.wait_seconds
-        ) as sandbox:
-            t = span("sandbox_wait", t)
-            self.stats.lease_seconds.append(spans[-1].end - spans[-1].start)
-            path = f"{task.cwd}/{task.path}"
-            source = (await sandbox.read_file(path)).decode()
-            t = span("tool", t)
-            action, logp = policy.sample(task.name, self.rng)
-            await asyncio.sleep(self.config.think_seconds)
-            t = span("generate", t)
-            await sandbox.write_file(path, apply_edit(source, task.broken, task.candidates[action]))
-            for hidden, content in task.hidden_tests:  # after the policy acted: it never saw them
-                await sandbox.write_file(f"{task.cwd}/{hidden}", content)
-            t = span("tool", t)
-            # The catalogue's tests write a JUnit report: without one the outcome is infra_error.
-            result = await sandbox.score(
-                shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s, require_report=True
-            )
-            t = span("score", t)
-        await self.fleet.report_spans(self.config.run, spans)
+        t = span("sandbox_wait", started)
+        self.stats.lease_seconds.append(spans[-1].end - spans[-1].start)
+        path = f"{task.cwd}/{task.path}"
+        source = (await sandbox.read_file(path)).decode()
+        t = span("tool", t)
+        action, logp = policy.sample(task.name, self.rng)
+        await asyncio.sleep(self.config.think_seconds)
+        t = span("generate", t)
+        await sandbox.write_file(path, apply_edit(source, task.broken, task.candidates[action]))
+        for hidden, content in task.hidden_tests:  # after the policy acted: it never saw them
+            await sandbox.write_file(f"{task.cwd}/{hidden}", content)
+        t = span("tool", t)
+        # The catalogue's tests write a JUnit report: without one the outcome is infra_error.
+        result = await sandbox.score(
+            shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s, require_report=True
+        )
+        t = span("score", t)
+        return _Played(action, logp, result, spans)
+
+    async def _finish(self, task: Task, policy: SoftmaxPolicy, played: _Played) -> Trajectory | None:
+        """Report an episode's spans and send its trajectory; None (counted) if the fleet failed it."""
+        action, logp, result = played.action, played.logp, played.result
+        await self.fleet.report_spans(self.config.run, played.spans)
         scored = verdict(result.outcome, result.reward)
         if not scored.train:
             self.stats.infra_errors += 1

@@ -33,11 +33,14 @@ class FakeGateway:
         if path == "/v1/leases" and request.method == "POST":
             body = json.loads(request.content)
             self.acquired.append(body)
-            lease = f"local.sb-{len(self.acquired)}"
-            self.files[lease] = {}
-            view = {"id": lease, "pool": body["pool"], "sandbox": lease, "region": "local", "expires_at": 0.0,
-                    "labels": body["labels"], "policy_version": body.get("policy_version")}  # fmt: skip
-            return httpx.Response(201, json={"leases": [view], "queue_position": 0, "timings": {}})
+            views = []
+            for index in range(body.get("count", 1)):
+                lease = f"local.sb-{len(self.acquired)}" + (f"-{index}" if index else "")
+                self.files[lease] = {}
+                views.append({"id": lease, "pool": body["pool"], "sandbox": lease, "region": "local",
+                              "expires_at": 0.0, "labels": body["labels"],
+                              "policy_version": body.get("policy_version")})  # fmt: skip
+            return httpx.Response(201, json={"leases": views, "queue_position": 0, "timings": {}})
         parts = path.split("/")  # /v1/leases/{id}/...
         lease = parts[3]
         if lease in self.released or lease not in self.files:

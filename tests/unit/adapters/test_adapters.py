@@ -107,3 +107,16 @@ async def test_async_sandbox_protocol() -> None:
         async with await FleetSandbox.create(fleet, "python") as scoped:
             await scoped.exec(["true"])
         assert gateway.live == []
+
+
+async def test_a_steps_sandboxes_come_from_one_batch_acquire() -> None:
+    gateway = FakeGateway()
+    async with AsyncFleet("http://gateway", transport=gateway.transport()) as fleet:
+        sandboxes = await FleetSandbox.create_batch(fleet, "python", 3, min_count=2, labels={"run": "r1"})
+        (asked,) = gateway.acquired
+        assert (asked["count"], asked["min_count"], asked["labels"]) == (3, 2, {"run": "r1"})
+        assert len({sandbox.id for sandbox in sandboxes}) == 3
+        for sandbox in sandboxes:
+            assert isinstance(sandbox, AsyncSandboxProtocol)
+            await sandbox.close()
+        assert gateway.live == []

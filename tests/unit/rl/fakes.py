@@ -57,6 +57,8 @@ class FakeFleet:
     released: list[str] = field(default_factory=list)
     bound: int | None = None
     ids: itertools.count[int] = field(default_factory=itertools.count)
+    batches: list[dict[str, Any]] = field(default_factory=list)  # what each batch acquire asked for
+    batch_limit: int = 1_000_000  # the most sandboxes one batch gets
 
     async def policy(self, run: str) -> dict[str, Any]:
         if not self.published:
@@ -91,6 +93,30 @@ class FakeFleet:
             yield FakeSandbox(lease, files, self.tasks, self.evaluate_seconds, self.outcomes, self.evaluated)
         finally:
             await self.release(lease.id)
+
+    @asynccontextmanager
+    async def batch(
+        self, pool: str, count: int, min_count: int = 1, **options: Any
+    ) -> AsyncIterator[list[FakeSandbox]]:
+        """Up to `count` sandboxes: `batch_limit` of them at most (what the pool had warm)."""
+        self.batches.append({"count": count, "min_count": min_count, **options})
+        if self.lease_failures:
+            raise self.lease_failures.pop(0)
+        leases = [
+            self.grant(dict(options.get("labels") or {}), options.get("policy_version"))
+            for _ in range(min(count, self.batch_limit))
+        ]
+        files = {f"{t.cwd}/{t.path}": f"head\n{t.broken}\ntail\n" for t in self.tasks}
+        try:
+            yield [
+                FakeSandbox(
+                    lease, dict(files), self.tasks, self.evaluate_seconds, self.outcomes, self.evaluated
+                )
+                for lease in leases
+            ]
+        finally:
+            for lease in leases:
+                await self.release(lease.id)
 
     async def leases(self, pool: str | None = None, run: str | None = None) -> list[Lease]:
         return [lease for lease in self.live.values() if run is None or lease.labels.get("run") == run]

@@ -173,3 +173,36 @@ async def test_a_fleet_failure_before_scoring_counts_as_infra_and_a_refusal_as_a
     assert "Forbidden" in stats.errors[0]
     assert stats.episodes >= 1
     assert learner.received == stats.episodes  # the failed episodes sent nothing
+
+
+async def test_a_step_runs_its_episodes_on_one_batch_and_sends_each_trajectory() -> None:
+    fake = FakeFleet(batch_limit=3)  # the pool had 3 of the 4 warm within the batch's wait
+    config = LoopConfig(run="r", think_seconds=0.0, episodes_per_step=4, batch_wait_seconds=2.5)
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    stats = LoopStats()
+    actor = Actor("a0", as_fleet(fake), config, LocalLink(learner), stats)
+    trajectories = await actor.step(TASK, "a0-0")
+    assert len(trajectories) == 3  # as many episodes as the batch had sandboxes
+    assert all(t is not None and t.task == TASK.name for t in trajectories)
+    (asked,) = fake.batches
+    assert (asked["count"], asked["min_count"], asked["wait_seconds"]) == (4, 1, 2.5)
+    assert asked["labels"] == {"run": "r", "episode": "a0-0", "task": TASK.name, "actor": "a0"}
+    assert learner.received == stats.episodes == 3
+    assert len(fake.released) == 3
+    assert not fake.live
+    assert sum(s.phase == "sandbox_wait" for s in fake.spans) == 3  # each episode's wait reported
+
+
+async def test_an_actor_with_episodes_per_step_leases_batches_until_stopped() -> None:
+    fake = FakeFleet()
+    config = LoopConfig(run="r", think_seconds=0.0, episodes_per_step=2)
+    learner = Learner(as_fleet(fake), config, LoopStats())
+    await learner.start()
+    stop = asyncio.Event()
+    stopper = asyncio.create_task(stop_after(stop, 0.3))
+    stats = await run_actors(as_fleet(fake), config, LocalLink(learner), ["a0"], stop)
+    await stopper
+    assert fake.batches
+    assert stats.episodes == 2 * len(fake.batches), stats.errors
+    assert not fake.live
