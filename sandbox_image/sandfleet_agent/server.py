@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from sandfleet_agent import files, jobs, process
+from sandfleet_agent import files, jobs, probe, process
 from sandfleet_agent.errors import AgentError, bad_request, not_found
 from sandfleet_agent.evaluate import Verification, evaluate
 from sandfleet_agent.params import JsonObject, query_flag, query_int, required_query
@@ -31,6 +31,9 @@ MAX_JSON_BODY = 64 << 20
 MAX_READ_CHUNK = 16 << 20
 MAX_DRAIN_ON_ERROR = 8 << 20
 DEFAULT_READY_TIMEOUT_S = 10.0
+# A new bearer token (POST /v1/rekey) is at least this long: a typo must not weaken an agent.
+MIN_TOKEN_CHARS = 32
+MAX_PROBE_ROOTS = 64
 # Routes a kubelet or the local runtime probes without credentials.
 UNAUTHENTICATED = {"/v1/health", "/v1/ready"}
 
@@ -258,6 +261,34 @@ class AgentHandler(BaseHTTPRequestHandler):
             HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,
             {"ready": ok, "exec_s": round(result.duration_s, 6), "exit_code": result.exit_code},
         )
+
+    def rekey(self, _: re.Match[str]) -> None:
+        """Replace the bearer token (authenticated with the current one, which stops working).
+
+        A sandbox restored from a golden checkpoint wakes with the golden agent's token; the runtime
+        gives each restored sandbox its own before anyone else can reach it. The gateway never
+        forwards this route, so only the token's holders (the runtime) can call it.
+        """
+        token = self._json_body().get("token")
+        if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS or not token.isascii():
+            raise bad_request(f"token must be an ASCII string of at least {MIN_TOKEN_CHARS} characters")
+        if any(c.isspace() for c in token):
+            raise bad_request("token must not contain whitespace")
+        if self.server.config.token is None:
+            raise AgentError(HTTPStatus.CONFLICT, "no_token", "this agent serves without a token")
+        self.server.config.token = token
+        self._send_json(HTTPStatus.OK, {"rekeyed": True})
+
+    def probe(self, _: re.Match[str]) -> None:
+        """What a reset probe compares with the golden sandbox's: processes, sockets, writable roots."""
+        roots = self._json_body().get("roots", [])
+        if (
+            not isinstance(roots, list)
+            or len(roots) > MAX_PROBE_ROOTS
+            or not all(isinstance(r, str) and r.startswith("/") for r in roots)
+        ):
+            raise bad_request(f"roots must be a list of at most {MAX_PROBE_ROOTS} absolute paths")
+        self._send_json(HTTPStatus.OK, probe.fingerprint(roots))
 
     def exec(self, _: re.Match[str]) -> None:
         """Run a command to completion and return its captured output."""
@@ -512,6 +543,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ("GET", re.compile(r"/v1/files/archive"), AgentHandler.archive_download),
     ("PUT", re.compile(r"/v1/files/archive"), AgentHandler.archive_upload),
     ("POST", re.compile(r"/v1/evaluate"), AgentHandler.evaluate),
+    ("POST", re.compile(r"/v1/rekey"), AgentHandler.rekey),
+    ("POST", re.compile(r"/v1/probe"), AgentHandler.probe),
 ]
 
 

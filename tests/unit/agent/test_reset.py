@@ -1,0 +1,71 @@
+"""The agent's part in a reset: a rekey only the current token's holder can make, and the probe's readings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.agent.conftest import Agent, start_agent, stop_agent
+
+GOLDEN = "g" * 40
+OWN = "o" * 40
+
+
+@pytest.fixture
+def keyed(tmp_path: Path) -> Iterator[Agent]:
+    token_file = tmp_path / "token"
+    token_file.write_text(GOLDEN)
+    running = start_agent(tmp_path, "--token-file", str(token_file))
+    yield running
+    stop_agent(running)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_a_rekey_replaces_the_token_and_the_old_one_stops_working(keyed: Agent) -> None:
+    assert keyed.client.post("/v1/rekey", json={"token": OWN}).status_code == 401
+    assert keyed.client.post("/v1/rekey", json={"token": OWN}, headers=bearer("x" * 40)).status_code == 401
+    assert keyed.client.post("/v1/rekey", json={"token": OWN}, headers=bearer(GOLDEN)).json() == {
+        "rekeyed": True
+    }
+    assert keyed.client.post("/v1/exec", json={"argv": ["true"]}, headers=bearer(GOLDEN)).status_code == 401
+    assert keyed.client.post("/v1/exec", json={"argv": ["true"]}, headers=bearer(OWN)).status_code == 200
+    # Whoever held the golden token cannot take the agent back.
+    assert keyed.client.post("/v1/rekey", json={"token": GOLDEN}, headers=bearer(GOLDEN)).status_code == 401
+
+
+@pytest.mark.parametrize("token", [None, 7, "short", "s" * 20 + " " + "s" * 20, "é" * 40])
+def test_a_weak_or_malformed_token_is_refused_with_a_reason(keyed: Agent, token: object) -> None:
+    refused = keyed.client.post("/v1/rekey", json={"token": token}, headers=bearer(GOLDEN))
+    assert refused.status_code == 400
+    assert "token must" in refused.json()["error"]["message"]
+    assert keyed.client.post("/v1/exec", json={"argv": ["true"]}, headers=bearer(GOLDEN)).status_code == 200
+
+
+def test_the_probe_reads_processes_sockets_and_digests_of_roots(keyed: Agent) -> None:
+    root = keyed.root
+    probe = keyed.client.post(
+        "/v1/probe", json={"roots": [str(root), "/nonexistent"]}, headers=bearer(GOLDEN)
+    )
+    assert probe.status_code == 200
+    first = probe.json()
+    assert any(p["pid"] == keyed.proc.pid for p in first["processes"])
+    port = int(keyed.url.rsplit(":", 1)[1])
+    assert {"proto": "tcp", "local_port": port, "remote_port": 0, "state": "0A"} in first["sockets"]
+    assert first["files"]["/nonexistent"] == "absent"
+
+    (root / "marker").write_text("episode")
+    again = keyed.client.post("/v1/probe", json={"roots": [str(root)]}, headers=bearer(GOLDEN)).json()
+    assert again["files"][str(root)] != first["files"][str(root)]
+    (root / "marker").unlink()
+
+
+@pytest.mark.parametrize("roots", ["/tmp", ["relative"], [1], ["/a"] * 65])
+def test_probe_roots_are_validated(keyed: Agent, roots: object) -> None:
+    refused = keyed.client.post("/v1/probe", json={"roots": roots}, headers=bearer(GOLDEN))
+    assert refused.status_code == 400
+    assert "absolute paths" in refused.json()["error"]["message"]
