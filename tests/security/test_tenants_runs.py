@@ -45,6 +45,7 @@ def test_another_tenant_cannot_read_a_runs_profile_or_policy_or_inject_spans(
         assert alice.post("/v1/runs/alice-profiled/policy", json={"version": 1}).status_code == 200
         for response in (
             bob.get("/v1/runs/alice-profiled/profile"),
+            bob.get("/v1/runs/alice-profiled/spans"),  # one replica's share, as the others ask for it
             bob.get("/v1/runs/alice-profiled/policy"),
             bob.post("/v1/runs/alice-profiled/spans", json={"spans": [span("train")] * 50}),
         ):
@@ -52,6 +53,7 @@ def test_another_tenant_cannot_read_a_runs_profile_or_policy_or_inject_spans(
             assert response.json()["error"] == "run_forbidden"
         profile = alice.get("/v1/runs/alice-profiled/profile").json()
         assert profile["spans"] == 1
+        assert len(alice.get("/v1/runs/alice-profiled/spans").json()["spans"]) == 1
     # An operator listed in SANDFLEET_GATEWAY_RUN_ADMINS sees every run.
     with tenant_gateway.client("ops") as ops:
         assert ops.get("/v1/runs/alice-profiled/profile").json()["spans"] == 1

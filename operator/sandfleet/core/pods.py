@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 
 from sandfleet.core import api
@@ -339,3 +339,46 @@ def node_from_object(node: Mapping[str, Any]) -> Node:
         labels=labels,
         taints=taints,
     )
+
+
+# The labels that tell one gateway Deployment's Pods from everything else in the namespace.
+REPLICA_LABELS: Final = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+)
+
+
+def replica_selector(pod: Mapping[str, Any]) -> str | None:
+    """The label selector of the Pods of the same Deployment as `pod`; None without those labels."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not all(isinstance(labels.get(name), str) and labels[name] for name in REPLICA_LABELS):
+        return None
+    return ",".join(f"{name}={labels[name]}" for name in REPLICA_LABELS)
+
+
+def ready_replicas(pods: Iterable[Mapping[str, Any]], me: str, account: str) -> list[str]:
+    """The IPs of the Ready, not deleting Pods other than `me` that run as ServiceAccount `account`.
+
+    The account is part of the test: a Pod that merely copies the labels does not become a replica
+    (callers' credentials go to the replicas), and one that runs as the gateway's own account holds
+    every power of a gateway already.
+    """
+    found = []
+    for pod in pods:
+        metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        ready = _condition(pod, "Ready")
+        if (
+            metadata.get("name") == me
+            or metadata.get("deletionTimestamp")
+            or spec.get("serviceAccountName") != account
+            or status.get("phase") != "Running"
+            or ready is None
+            or ready.get("status") != "True"
+            or not isinstance(ip, str)
+            or not ip
+        ):
+            continue
+        found.append(ip)
+    return sorted(found)

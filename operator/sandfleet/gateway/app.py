@@ -24,6 +24,7 @@ from sandfleet.gateway.proxy import AgentProxy
 from sandfleet.gateway.routes import e2b, health, leases, pools, runs, sandboxes
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import ERRORS, add_error_handlers
+from sandfleet.gateway.run_peers import NoPeers, Peers
 from sandfleet.gateway.runs import MemoryPolicyStore, PolicyStore, Runs
 from sandfleet.gateway.settings import CapacitySettings, TenantSettings
 
@@ -46,6 +47,7 @@ class Runtime:
     policy_store: PolicyStore | None = None  # memory only when None
     tenancy: TenantSettings | None = None  # run owners, body caps and timeouts; defaults when None
     collectors: tuple[Collector, ...] = ()  # the runtime's own metrics, served beside the gateway's
+    peers: Peers | None = None  # the other replicas of this gateway; none (alone) when None
 
 
 class RequestMetrics:
@@ -91,7 +93,8 @@ def assemble(runtime: Runtime, tenancy: TenantSettings) -> Parts:
     proxy = AgentProxy(runtime.agent_key)
     runtime.backend.subscribe(proxy.on_change)  # requests to a sandbox found gone end at once
     runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics, admins=tenancy.run_admins)
-    return Parts(runtime.backend, runtime.authenticator, service, proxy, runs, metrics, runtime.ready)
+    peers = runtime.peers or NoPeers()
+    return Parts(runtime.backend, runtime.authenticator, service, proxy, runs, metrics, runtime.ready, peers)
 
 
 @asynccontextmanager

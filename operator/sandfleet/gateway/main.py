@@ -13,6 +13,7 @@ from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend, connect
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
+from sandfleet.gateway.run_peers import KubePeers
 from sandfleet.gateway.serving import guarded_protocol
 from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, GatewaySettings, TenantSettings
 from sandfleet.kube.config import ApiClient, Configuration, load_configuration
@@ -45,6 +46,7 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.kube),
         capacity=CapacitySettings(),
         tenancy=tenancy,
+        peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
     )
     return create_app(runtime)
 

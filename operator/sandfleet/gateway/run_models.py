@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from sandfleet.core.policy import RunPolicy
-from sandfleet.core.profile import PHASES, Profile
+from sandfleet.core.profile import PHASES, Profile, Span
 from sandfleet.gateway.models import Strict
 
 
@@ -59,6 +60,28 @@ class SpansRequest(Strict):
 class SpansResponse(BaseModel):
     run: str
     recorded: int
+
+
+class SpanView(BaseModel):
+    phase: str
+    start: float
+    end: float
+    source: Literal["actor", "learner", "gateway"]
+    worker: str = ""
+
+
+class SpansView(BaseModel):
+    """The spans of a run one gateway replica holds (a profile merges every replica's)."""
+
+    run: str
+    window_seconds: float
+    spans: list[SpanView]
+
+    @classmethod
+    def of(cls, run: str, window_seconds: float, spans: Iterable[Span]) -> SpansView:
+        views = [SpanView(phase=s.phase, start=s.start, end=s.end, source=s.source, worker=s.worker)
+                 for s in spans]  # fmt: skip
+        return cls(run=run, window_seconds=window_seconds, spans=views)
 
 
 class PhaseView(BaseModel):

@@ -272,9 +272,20 @@ class Runs:
             self.metrics.stale_episodes.labels("dropped").inc(dropped_stale)
         return len(checked)
 
-    def profile(self, run: str, window_seconds: float) -> Profile:
+    def spans(self, run: str, window_seconds: float) -> list[Span]:
+        """The run's spans held here that overlap the last `window_seconds`."""
         now = self.clock()
-        return profile(self._spans.get(run, ()), now - window_seconds, now)
+        start = now - window_seconds
+        return [s for s in self._spans.get(run, ()) if s.end >= start and s.start <= now]
+
+    def profile(
+        self, run: str, window_seconds: float, others: Iterable[Span] = (), notes: Iterable[str] = ()
+    ) -> Profile:
+        """The run's profile over the spans held here and `others` (the other replicas' share)."""
+        now = self.clock()
+        found = profile([*self._spans.get(run, ()), *others], now - window_seconds, now)
+        found.notes.extend(notes)
+        return found
 
     def _add(self, run: str, span: Span) -> None:
         now = self.clock()

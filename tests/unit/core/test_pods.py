@@ -15,6 +15,8 @@ from sandfleet.core.pods import (
     image_digest,
     node_from_object,
     pod_usage,
+    ready_replicas,
+    replica_selector,
     sandbox_from_pod,
     sandbox_pod,
     startup_phases,
@@ -195,3 +197,58 @@ def test_prewarm_expiry_counts_from_the_last_write_unless_expires_at_is_set() ->
     assert prewarm.expires_at == 200.0 + 60
     body["spec"]["expiresAt"] = "1970-01-01T00:16:40Z"
     assert prewarm_from_object(body, now=500.0).expires_at == 1000.0
+
+
+REPLICA = {
+    "app.kubernetes.io/name": "sandfleet",
+    "app.kubernetes.io/instance": "prod",
+    "app.kubernetes.io/component": "gateway",
+}
+
+
+def test_replicas_are_selected_by_name_instance_and_component() -> None:
+    pod = {"metadata": {"labels": {**REPLICA, "pod-template-hash": "abc"}}}
+    assert replica_selector(pod) == (
+        "app.kubernetes.io/name=sandfleet,app.kubernetes.io/instance=prod,app.kubernetes.io/component=gateway"
+    )
+    for missing in REPLICA:
+        assert (
+            replica_selector({"metadata": {"labels": {k: v for k, v in REPLICA.items() if k != missing}}})
+            is None
+        )
+    assert replica_selector({"metadata": {"labels": {**REPLICA, "app.kubernetes.io/name": ""}}}) is None
+    assert replica_selector({"metadata": {}}) is None
+    assert replica_selector({}) is None
+
+
+def _replica(
+    name: str, ip: str | None = "10.0.0.2", account: str = "sandfleet-gateway", **changes: Any
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "metadata": {"name": name, "labels": dict(REPLICA)},
+        "spec": {"serviceAccountName": account},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    for where, value in changes.items():
+        section, key = where.split("__")
+        pod[section][key] = value
+    return pod
+
+
+def test_only_the_other_ready_replicas_of_the_gateways_own_account_are_asked() -> None:
+    me, account = "gw-a", "sandfleet-gateway"
+    pods = [
+        _replica("gw-a", "10.0.0.1"),  # this replica
+        _replica("gw-b", "10.0.0.3"),
+        _replica("gw-c", "10.0.0.2"),
+        _replica("gw-d", "10.0.0.4", account="default"),  # copies the labels, not the account
+        _replica("gw-e", "10.0.0.5", metadata__deletionTimestamp="2026-01-01T00:00:00Z"),
+        _replica("gw-f", "10.0.0.6", status__phase="Pending"),
+        _replica("gw-g", "10.0.0.7", status__conditions=[{"type": "Ready", "status": "False"}]),
+        _replica("gw-h", "10.0.0.8", status__conditions=[]),
+        _replica("gw-i", None),
+        _replica("gw-j", ""),
+    ]
+    assert ready_replicas(pods, me, account) == ["10.0.0.2", "10.0.0.3"]
+    assert ready_replicas([], me, account) == []
+    assert ready_replicas([_replica("gw-b")], me, "") == []  # an unknown account matches nobody

@@ -64,6 +64,7 @@ OPERATION_IDS = {
     ("POST", "/v1/runs/{run}/policy"): "publish_policy_v1_runs__run__policy_post",
     ("GET", "/v1/runs/{run}/profile"): "get_profile_v1_runs__run__profile_get",
     ("POST", "/v1/runs/{run}/release"): "release_run_v1_runs__run__release_post",
+    ("GET", "/v1/runs/{run}/spans"): "get_spans_v1_runs__run__spans_get",
     ("POST", "/v1/runs/{run}/spans"): "report_spans_v1_runs__run__spans_post",
 }
 

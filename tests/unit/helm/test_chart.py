@@ -653,10 +653,16 @@ def test_gateway_reaches_the_apiserver_and_the_sandboxes_only() -> None:
     docs = render("--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}")
     policy = named(docs, "NetworkPolicy", "sandfleet-gateway")["spec"]
     sandbox = a_sandbox_pod(docs)
-    to_sandboxes = [r for r in policy["egress"] if any("podSelector" in p for p in r["to"])]
-    assert len(to_sandboxes) == 1
-    assert matches(to_sandboxes[0]["to"][0]["podSelector"], sandbox["metadata"]["labels"])
-    assert to_sandboxes[0]["ports"] == [{"protocol": "TCP", "port": 8000}]
+    to_pods = [r for r in policy["egress"] if any("podSelector" in p for p in r["to"])]
+    assert len(to_pods) == 2
+    to_sandboxes, to_replicas = to_pods
+    assert matches(to_sandboxes["to"][0]["podSelector"], sandbox["metadata"]["labels"])
+    assert to_sandboxes["ports"] == [{"protocol": "TCP", "port": 8000}]
+    # The other replicas, on the gateway's port only: a run's profile gathers their share of its spans.
+    gateway = pod_templates(docs)["sandfleet-gateway"]
+    assert matches(to_replicas["to"][0]["podSelector"], gateway["metadata"]["labels"])
+    assert not matches(to_replicas["to"][0]["podSelector"], sandbox["metadata"]["labels"])
+    assert to_replicas["ports"] == [{"protocol": "TCP", "port": 8080}]
     apiserver = [r for r in policy["egress"] if any("ipBlock" in p for p in r["to"])]
     assert {p["port"] for p in apiserver[0]["ports"]} == {443, 6443}
     # No DNS by default (the local cluster has none); with DNS on, port 53 to kube-dns only.
@@ -675,10 +681,20 @@ def test_gateway_ingress_restricted_still_admits_the_charts_own_clients() -> Non
     admitted = {
         name for name, pod in pods.items() if any(matches(s, pod["metadata"]["labels"]) for s in selectors)
     }
-    assert admitted == {"sandfleet-actor", "sandfleet-learner", "sandfleet-test-lease"}
+    # The charts' clients, and the replicas themselves (a profile asks the others for their spans).
+    assert admitted == {"sandfleet-actor", "sandfleet-learner", "sandfleet-test-lease", "sandfleet-gateway"}
     # Restricted by default too: Pods labelled as sandfleet clients, and the chart's own.
     (default_rule,) = named(render(), "NetworkPolicy", "sandfleet-gateway")["spec"]["ingress"]
     assert {"podSelector": {"matchLabels": {"sandfleet.dev/client": "true"}}} in default_rule["from"]
+    # With no client admitted at all, the replicas still are, and nobody else (never an empty `from`).
+    (alone,) = named(
+        render("--set", "networkPolicy.gatewayFrom=null", "--set", "tests.enabled=false"),
+        "NetworkPolicy",
+        "sandfleet-gateway",
+    )["spec"]["ingress"]
+    assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in alone["from"]] == [
+        "gateway"
+    ]
 
 
 def test_actors_reach_the_gateway_and_the_learner() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -14,6 +14,7 @@ from sandfleet.gateway.backend import Backend
 from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.proxy import AgentProxy
+from sandfleet.gateway.run_peers import NoPeers, Peers
 from sandfleet.gateway.runs import RUN_NAME, Runs
 
 
@@ -28,6 +29,7 @@ class Parts:
     runs: Runs
     metrics: GatewayMetrics
     ready: Callable[[], bool]
+    peers: Peers = field(default_factory=NoPeers)  # the other replicas (their share of each run's spans)
 
 
 async def parts(request: Request) -> Parts:
