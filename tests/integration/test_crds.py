@@ -34,6 +34,14 @@ def test_example_is_accepted_and_defaulted(kube: Kubectl) -> None:
     assert stored["spec"]["lease"] == {"defaultTTLSeconds": 900, "maxTTLSeconds": 14400}
     assert stored["spec"]["regions"][2]["weight"] == 1
     assert stored["spec"]["regions"][2]["minWarm"] == 0
+    assert "recycle" not in stored["spec"]  # opt-in: no default
+
+
+def test_a_recycling_pool_is_accepted_as_written(kube: Kubectl) -> None:
+    pool = example(name="recycling")
+    pool["spec"]["recycle"] = {"maxEpisodes": 16, "maxSeconds": 3600}
+    kube("create", "-f", "-", stdin=json.dumps(pool))
+    assert kube.json("get", "sandboxpool", "recycling")["spec"]["recycle"] == pool["spec"]["recycle"]
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -105,6 +113,16 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "image with whitespace",
         _set("spec.template.image", "python 3.11"),
         "spec.template.image: Invalid value",
+    ),
+    (
+        "recycling for one episode",
+        _set("spec.recycle", {"maxEpisodes": 1, "maxSeconds": 600}),
+        "spec.recycle.maxEpisodes: Invalid value: 1",
+    ),
+    (
+        "recycling without an age bound",
+        _set("spec.recycle", {"maxEpisodes": 8}),
+        "spec.recycle.maxSeconds: Required value",
     ),
 ]
 

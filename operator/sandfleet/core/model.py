@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.recycle import RecyclePolicy
 from sandfleet.core.resources import Resources
 
 # Pods made for a per-image pre-warm carry this label, so they never stand in for the pool's own warm
@@ -132,6 +133,7 @@ class PoolSpec:
     template: Template
     autoscaling: AutoscalingSpec = AutoscalingSpec()
     lease: LeaseSpec = LeaseSpec()
+    recycle: RecyclePolicy | None = None  # spec.recycle: honoured by the local runtime only, so far
 
     @property
     def key(self) -> str:
@@ -315,6 +317,12 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
         default_ttl_seconds=int(lease.get("defaultTTLSeconds", _LEASE.default_ttl_seconds)),
         max_ttl_seconds=int(lease.get("maxTTLSeconds", _LEASE.max_ttl_seconds)),
     )
+    recycle = spec.get("recycle")
+    recycle_policy = (
+        RecyclePolicy(max_episodes=int(recycle["maxEpisodes"]), max_seconds=float(recycle["maxSeconds"]))
+        if isinstance(recycle, Mapping)
+        else None
+    )
     return PoolSpec(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -325,6 +333,7 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
         template=template,
         autoscaling=autoscaling,
         lease=lease_spec,
+        recycle=recycle_policy,
     )
 
 

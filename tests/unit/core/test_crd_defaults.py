@@ -21,6 +21,7 @@ from sandfleet.core.model import (
     pool_from_object,
     prewarm_from_object,
 )
+from sandfleet.core.recycle import RecyclePolicy
 
 CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crds"
 
@@ -128,3 +129,9 @@ def test_pool_spec_carries_its_lease_ttls() -> None:
     pool = pool_from_object({"spec": {"lease": {"defaultTTLSeconds": 60, "maxTTLSeconds": 600}}})
     assert isinstance(pool, PoolSpec)
     assert pool.lease == LeaseSpec(default_ttl_seconds=60, max_ttl_seconds=600)
+
+
+def test_pool_spec_carries_its_recycle_policy_only_when_set() -> None:
+    assert BARE_POOL.recycle is None
+    pool = pool_from_object({"spec": {"recycle": {"maxEpisodes": 8, "maxSeconds": 1800}}})
+    assert pool.recycle == RecyclePolicy(max_episodes=8, max_seconds=1800)
