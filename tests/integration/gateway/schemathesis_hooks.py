@@ -16,6 +16,7 @@ def map_body(ctx: Any, body: Any) -> Any:
         body.pop("image", None)
         body.pop("policy_version", None)
         body["count"] = 1
+        body.pop("min_count", None)  # a batch's minimum above the count of 1 would be refused
         body["wait_seconds"] = 0.5
         if not isinstance(body.get("ttl_seconds"), int) or not 0 < body["ttl_seconds"] <= 3600:
             body.pop("ttl_seconds", None)

@@ -19,3 +19,5 @@ def test_gateway_leases_short() -> None:
     assert report["first_exec_from_warm_lease_p50_ms"] > 0
     assert report["gateway_cpu_ms_per_lease"] > 0
     assert report["apiserver_cpu_ms_per_lease"] > 0
+    assert (report["batch_acquire_size"], report["batch_acquire_rounds"]) == (100, 3)
+    assert 0 < report["batch_acquire_gateway_p50_ms"] <= report["batch_acquire_client_p50_ms"]

@@ -1,0 +1,143 @@
+"""Batch acquires through a real gateway on the real apiserver; the truth is read from the Pods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from sandfleet.core import api
+from tests.integration.gateway.conftest import GatewayFactory, Pool
+from tests.support.invariants import ClientLease, ObservedLease, PodTruth, double_leases, unrecorded_leases
+
+pytestmark = pytest.mark.cluster
+
+
+def batch(client: httpx.Client, count: int, min_count: int, wait: float, **body: Any) -> httpx.Response:
+    return client.post(
+        "/v1/leases",
+        json={"pool": "python", "count": count, "min_count": min_count, "wait_seconds": wait, **body},
+    )
+
+
+def grants(response: httpx.Response, at: float) -> list[ClientLease]:
+    """What a client was granted (every acquire here carries an idempotency key, which names it)."""
+    return [
+        ClientLease(lease["idempotency_key"], lease["sandbox"], at, lease["expires_at"])
+        for lease in response.json()["leases"]
+    ]
+
+
+def pod_truth(pool: Pool) -> list[PodTruth]:
+    truth = []
+    for pod in pool.pods():
+        raw = pool.leases_on_pods().get(pod["metadata"]["name"])
+        leases = []
+        if raw:
+            leases.append(
+                ObservedLease(raw["idempotency_key"] or raw["holder"], raw["holder"],
+                              raw["acquired_at"], raw["expires_at"])
+            )  # fmt: skip
+        truth.append(PodTruth(pod["metadata"]["name"], pod["metadata"]["uid"], leases=leases))
+    return truth
+
+
+def states(pool: Pool) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for pod in pool.pods():
+        state = pod["metadata"]["labels"][api.LEASE_STATE_LABEL]
+        found[state] = found.get(state, 0) + 1
+    return found
+
+
+def test_a_batch_from_a_short_pool_returns_what_is_there_after_its_wait_and_nothing_twice(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    pool.add_sandboxes(12)
+    gateway = start_gateway()
+    with gateway.client() as client:
+        started = time.monotonic()
+        short = batch(client, 20, 10, 2.0, idempotency_key="step-1")
+        waited = time.monotonic() - started
+        assert short.status_code == 201, short.text
+        body = short.json()
+        assert (body["requested"], body["granted"], len(body["leases"])) == (20, 12, 12)
+        assert 2.0 <= waited < 10  # it waited for the 8 more, then took the 12 there were
+        clients = grants(short, time.time())
+        retried = batch(client, 20, 10, 2.0, idempotency_key="step-1")  # the whole batch, again
+        assert sorted(x["id"] for x in retried.json()["leases"]) == sorted(x["id"] for x in body["leases"])
+
+        # Two batches and four singles racing for 10 more: each sandbox to one of them.
+        pool.add_sandboxes(10, prefix="more")
+
+        async def race() -> list[httpx.Response]:
+            async with httpx.AsyncClient(
+                base_url=gateway.url, headers={"Authorization": "Bearer actor-token"}, timeout=30
+            ) as racer:
+                bodies = [{"count": 6, "min_count": 1, "idempotency_key": f"b{i}"} for i in range(2)]
+                bodies += [{"idempotency_key": f"s{i}"} for i in range(4)]
+                return await asyncio.gather(
+                    *(
+                        racer.post("/v1/leases", json={"pool": "python", "wait_seconds": 1.5, **b})
+                        for b in bodies
+                    )
+                )
+
+        raced = asyncio.run(race())
+        granted_at = time.time()
+        assert {r.status_code for r in raced} <= {201, 504}, [r.text for r in raced]
+        for response in raced:
+            if response.status_code == 201:
+                clients += grants(response, granted_at)
+        assert len(clients) == 22  # all of both rounds' sandboxes went to someone
+        truth = pod_truth(pool)
+        assert double_leases(truth, clients) == []
+        assert unrecorded_leases(clients, truth) == []
+        assert states(pool) == {api.LEASE_LEASED: 22}
+
+
+def test_a_batch_below_its_minimum_at_the_deadline_keeps_nothing(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    pool.add_sandboxes(4)
+    gateway = start_gateway()
+    with gateway.client() as client:
+        refused = batch(client, 20, 10, 1.0)
+        assert refused.status_code == 504, refused.text
+        problem = refused.json()
+        assert problem["error"] == "no_sandbox_in_time"
+        assert problem["queue_position"] == 1
+        assert problem["eta_seconds"] >= 0
+        # Its 4 partial claims went back warm: the Pods say so, and they can be leased again.
+        deadline = time.monotonic() + 10
+        while states(pool) != {api.LEASE_FREE: 4} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert states(pool) == {api.LEASE_FREE: 4}
+        assert pool.leases_on_pods() == {}
+        again = batch(client, 4, 4, 2.0)
+        assert again.status_code == 201, again.text
+
+
+def test_a_batch_larger_than_the_quota_is_refused_at_once_saying_which_limit(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway()  # the default quotas: 2,000 leases per tenant, batches of 4,096
+    with gateway.client() as client:
+        for count, limit in ((2001, "SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT"),
+                             (4097, "SANDFLEET_GATEWAY_MAX_BATCH_SIZE")):  # fmt: skip
+            started = time.monotonic()
+            refused = batch(client, count, 1, 30.0)
+            assert time.monotonic() - started < 5  # not after its wait
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["error"] == "batch_too_large"
+            assert limit in refused.json()["detail"]
+        upside_down = batch(client, 4, 5, 1.0)
+        assert upside_down.status_code == 422
+        assert "min_count (5) is above count (4)" in upside_down.json()["detail"]
+        beyond = batch(client, 10_001, 1, 1.0)
+        assert beyond.status_code == 422
+        assert "count" in beyond.json()["detail"]
+    assert pool.pods() == []  # nothing was claimed, nothing was created
