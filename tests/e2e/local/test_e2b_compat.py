@@ -6,6 +6,7 @@ E2B_API_KEY); everything below is plain SDK code, checked against the gateway's 
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Iterator
@@ -79,6 +80,10 @@ def test_create_run_files_timeout_kill(e2b_env: str) -> None:
         blob = os.urandom(4096)
         sandbox.files.write("notes/blob.bin", blob)
         assert bytes(sandbox.files.read("notes/blob.bin", format="bytes")) == blob
+        # a file-like body goes octet-stream and streams through: past the 1 MiB control-body cap
+        big = os.urandom(3 << 20)
+        sandbox.files.write("big.bin", io.BytesIO(big))
+        assert bytes(sandbox.files.read("big.bin", format="bytes")) == big
         assert sandbox.commands.run("cat notes/a.txt").stdout == text  # the same filesystem
         listed = {entry.name: entry for entry in sandbox.files.list("notes")}
         assert set(listed) == {"a.txt", "blob.bin"}
