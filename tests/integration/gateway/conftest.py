@@ -199,7 +199,7 @@ def _answers(url: str) -> bool:
 
 def loopback_sandbox(pool: Pool, port: int, index: int = 0) -> str:
     """A sandbox Pod whose address is the loopback agent (status written as a kubelet would)."""
-    name = f"python-loop-{index}"
+    name = f"{pool.name}-loop-{index}"
     pod = sandbox_pod(name, pool.name, "us-east1")
     pod["spec"]["containers"][0]["ports"] = [{"containerPort": port}]
     pool.kube.apply(pod)
