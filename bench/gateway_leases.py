@@ -163,18 +163,19 @@ class Bench:
         path.write_text(secrets.token_hex(32) + "\n")
         return path
 
-    def start_gateway(self) -> tuple[str, int]:
+    def start_gateway(self, *extra_args: str) -> tuple[str, int]:
         tokens = self.workdir / "tokens"
         tokens.write_text(f"{TOKEN} bench\n")
         port = free_port()
+        log_path = self.workdir / f"gateway-{port}.log"
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         argv = [
             sys.executable, "-m", "sandfleet.cli", "gateway", "--host", "127.0.0.1",
             "--port", str(port), "--namespace", self.namespace, "--auth", "static",
             "--token-file", str(tokens), "--max-waiting", "100000",
-            "--agent-key-file", str(self.agent_key_file()),
+            "--agent-key-file", str(self.agent_key_file()), *extra_args,
         ]  # fmt: skip
-        process = subprocess.Popen(argv, env=env, stderr=(self.workdir / "gateway.log").open("wb"))
+        process = subprocess.Popen(argv, env=env, stderr=log_path.open("wb"))
         self.processes.append(process)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -184,7 +185,7 @@ class Bench:
                     return url, process.pid
             except httpx.TransportError:
                 time.sleep(0.2)
-        raise SystemExit(f"gateway not ready: {(self.workdir / 'gateway.log').read_text()[-2000:]}")
+        raise SystemExit(f"gateway not ready: {log_path.read_text()[-2000:]}")
 
     def start_agent(self) -> int:
         port = free_port()

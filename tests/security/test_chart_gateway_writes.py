@@ -181,3 +181,26 @@ def test_gateway_may_not_touch_other_pods_or_configmaps(installed: Kubectl) -> N
     refused = _as_gateway(installed, "create", "-f", "-", stdin=json.dumps(created))
     assert refused.returncode != 0
     assert "only its run ConfigMaps" in refused.stderr, refused.stderr
+
+
+def test_gateway_may_write_only_its_membership_leases(installed: Kubectl) -> None:
+    """RBAC lets the gateway write Leases (its replicas' names are generated); the policy keeps it
+    off every other, such as the operator's leader Lease."""
+    spec = {"holderIdentity": "probe", "leaseDurationSeconds": 15}
+    mine = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "sandfleet-gateway-probe", "labels": {api.GATEWAY_MEMBER_LABEL: "true"}},
+        "spec": spec,
+    }
+    wait_until(
+        lambda: _as_gateway(installed, "apply", "-f", "-", stdin=json.dumps(mine)).returncode == 0,
+        timeout=30,
+        what="the gateway to write its own membership Lease",
+    )
+    theirs = {**mine, "metadata": {"name": "sandfleet-operator"}, "spec": {"holderIdentity": "the-gateway"}}
+    refused = _as_gateway(installed, "apply", "-f", "-", stdin=json.dumps(theirs))
+    assert refused.returncode != 0
+    assert "only its replicas' membership Leases" in refused.stderr, refused.stderr
+    deleted = _as_gateway(installed, "delete", "lease", "sandfleet-gateway-probe")
+    assert deleted.returncode == 0, deleted.stderr

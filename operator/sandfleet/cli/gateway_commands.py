@@ -41,6 +41,13 @@ def gateway(
         bool | None,
         typer.Option("--insecure-no-agent-key", help="Run without an agent key (agents that accept anyone)."),
     ] = None,
+    share_warm: Annotated[
+        bool | None,
+        typer.Option(
+            "--share-warm/--no-share-warm",
+            help="Hand out this replica's own share of the warm Pods first [default: share].",
+        ),
+    ] = None,
 ) -> None:
     """Serve the Kubernetes runtime's pools (kubeconfig or in-cluster config).
 
@@ -64,6 +71,7 @@ def gateway(
         "max_waiting": max_waiting,
         "agent_key_file": agent_key_file,
         "insecure_no_agent_key": insecure_no_agent_key,
+        "share_warm": share_warm,
     }
     # Only flags actually given are passed, so the environment fills in the rest.
     try:

@@ -35,6 +35,8 @@ IMAGE_KEY_LABEL: Final = f"{GROUP}/image-key"
 LEASE_STATE_LABEL: Final = f"{GROUP}/lease-state"
 RUN_LABEL: Final = f"{GROUP}/run"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+# On the coordination.k8s.io Lease each gateway replica renews, so replicas find each other.
+GATEWAY_MEMBER_LABEL: Final = f"{GROUP}/gateway-member"
 MANAGED_BY: Final = "sandfleet"
 
 LEASE_FREE: Final = "free"

@@ -8,17 +8,30 @@ from collections.abc import Callable, Iterable
 
 from sandfleet.core.model import SandboxPod
 
+# Whether a sandbox is this gateway replica's to hand out first (see core.partition); None: all are.
+Mine = Callable[[SandboxPod], bool]
+
 
 def pick_warm(
-    candidates: Iterable[SandboxPod], regions: tuple[str, ...], skip: frozenset[str] = frozenset()
+    candidates: Iterable[SandboxPod],
+    regions: tuple[str, ...],
+    skip: frozenset[str] = frozenset(),
+    mine: Mine | None = None,
 ) -> list[SandboxPod]:
     """Warm sandboxes in the order a lease should try them: preferred regions first, then the rest.
 
-    Within a region the oldest goes first, so warm sandboxes turn over instead of aging.
+    Within a region this replica's own sandboxes go first (so replicas seeing the same warm Pods
+    try disjoint ones instead of racing for the same), then the oldest, so warm sandboxes turn over
+    instead of aging.
     """
     rank = preference_rank(regions)
     warm = [s for s in candidates if s.warm and s.key not in skip]
-    return sorted(warm, key=lambda s: (rank.get(s.region, len(rank)), s.created_at, s.name))
+    return sorted(warm, key=lambda s: (rank.get(s.region, len(rank)), *_order(s, mine)))
+
+
+def _order(sandbox: SandboxPod, mine: Mine | None) -> tuple[int, float, str]:
+    """A sandbox's place within its region: this replica's own first, then oldest, then by name."""
+    return (0 if mine is None or mine(sandbox) else 1, sandbox.created_at, sandbox.name)
 
 
 def preference_rank(regions: tuple[str, ...]) -> dict[str, int]:
@@ -30,19 +43,22 @@ def preference_rank(regions: tuple[str, ...]) -> dict[str, int]:
 
 
 Shelf = tuple[str, str]  # (pool, image key): sandboxes that are interchangeable for a lease
-_Entry = tuple[float, str, str, int]  # (created_at, name, key, token): a heap entry of one region
+# (theirs, created_at, name, key, token): a heap entry of one region; `theirs` is 0 for this replica's own
+_Entry = tuple[int, float, str, str, int]
 
 
 class WarmIndex:
     """The warm sandboxes of one shelf, handed out in `pick_warm`'s order without sorting them all.
 
-    One heap per region, ordered oldest first (name breaks ties). Deletion is lazy: a heap entry
-    counts only while its token is the key's current one, and the heaps are rebuilt once dead
-    entries outnumber live ones, so every operation costs O(log n) amortized (times the number of
-    regions, which is small, when the non-preferred regions are merged).
+    One heap per region, ordered this replica's own first, then oldest (name breaks ties).
+    Deletion is lazy: a heap entry counts only while its token is the key's current one, and the
+    heaps are rebuilt once dead entries outnumber live ones, so every operation costs O(log n)
+    amortized (times the number of regions, which is small, when the non-preferred regions are
+    merged).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, mine: Mine | None = None) -> None:
+        self._mine = mine
         self._live: dict[str, SandboxPod] = {}
         self._tokens: dict[str, int] = {}  # key -> the token of its one live heap entry
         self._heaps: dict[str, list[_Entry]] = {}  # region -> entries
@@ -77,12 +93,17 @@ class WarmIndex:
             return  # a new version in the same place: its heap entry still stands for it
         token = next(self._counter)
         self._tokens[sandbox.key] = token
-        heapq.heappush(
-            self._heaps.setdefault(sandbox.region, []),
-            (sandbox.created_at, sandbox.name, sandbox.key, token),
-        )
+        heapq.heappush(self._heaps.setdefault(sandbox.region, []), self._entry(sandbox, token))
         self._entries += 1
         self._compact_if_mostly_dead()
+
+    def prefer(self, mine: Mine | None) -> None:
+        """Hand this replica's own sandboxes out first from now on (the replicas changed)."""
+        self._mine = mine
+        self._rebuild()
+
+    def _entry(self, sandbox: SandboxPod, token: int) -> _Entry:
+        return (*_order(sandbox, self._mine), sandbox.key, token)
 
     def discard(self, key: str) -> None:
         if self._live.pop(key, None) is not None:
@@ -103,7 +124,7 @@ class WarmIndex:
     ) -> list[SandboxPod]:
         """Remove and return up to `count` sandboxes in lease order (see `pick_warm`).
 
-        Preferred `regions` first, in their order, then every other region merged oldest first.
+        Preferred `regions` first, in their order, then every other region merged in the same order.
         Sandboxes for which `skip` is true are passed over and stay in the index.
         """
         rank = preference_rank(regions)
@@ -132,7 +153,7 @@ class WarmIndex:
                 self._hand_out(entry, skip, taken, passed)
         finally:
             for entry in passed:  # still live: back where they were
-                heapq.heappush(self._heaps[self._live[entry[2]].region], entry)
+                heapq.heappush(self._heaps[self._live[entry[3]].region], entry)
                 self._entries += 1
         return taken
 
@@ -143,7 +164,7 @@ class WarmIndex:
         taken: list[SandboxPod],
         passed: list[_Entry],
     ) -> None:
-        key = entry[2]
+        key = entry[3]
         sandbox = self._live[key]
         if skip is not None and skip(sandbox):
             passed.append(entry)
@@ -157,7 +178,7 @@ class WarmIndex:
         heap = self._heaps.get(region)
         while heap:
             top = heap[0]
-            if self._tokens.get(top[2]) == top[3]:
+            if self._tokens.get(top[3]) == top[4]:
                 return top
             heapq.heappop(heap)
             self._entries -= 1
@@ -173,13 +194,13 @@ class WarmIndex:
     def _compact_if_mostly_dead(self) -> None:
         # Lazy deletion leaves dead entries behind (sandboxes claimed by other gateways, deleted, or
         # moved); rebuilding once they outnumber the live ones keeps memory O(n) at O(1) amortized.
-        if self._entries <= 2 * len(self._live) + 64:
-            return
+        if self._entries > 2 * len(self._live) + 64:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
         heaps: dict[str, list[_Entry]] = {}
         for key, sandbox in self._live.items():
-            heaps.setdefault(sandbox.region, []).append(
-                (sandbox.created_at, sandbox.name, key, self._tokens[key])
-            )
+            heaps.setdefault(sandbox.region, []).append(self._entry(sandbox, self._tokens[key]))
         for heap in heaps.values():
             heapq.heapify(heap)
         self._heaps = heaps
@@ -191,13 +212,20 @@ class WarmShelves:
 
     def __init__(self) -> None:
         self._shelves: dict[Shelf, WarmIndex] = {}
+        self._mine: Mine | None = None
 
     def shelf(self, pool: str, image_key: str) -> WarmIndex:
         """The live index of one shelf (created empty, so a caller may hold it before any arrive)."""
         index = self._shelves.get((pool, image_key))
         if index is None:
-            index = self._shelves[(pool, image_key)] = WarmIndex()
+            index = self._shelves[(pool, image_key)] = WarmIndex(self._mine)
         return index
+
+    def prefer(self, mine: Mine | None) -> None:
+        """Every shelf hands this replica's own sandboxes out first (see `pick_warm`)."""
+        self._mine = mine
+        for index in self._shelves.values():
+            index.prefer(mine)
 
     def update(self, sandbox: SandboxPod) -> None:
         """A sandbox was added or changed (its pool and image never change)."""

@@ -13,8 +13,10 @@ from typing import Any
 from sandfleet.core import api, model
 from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
 from sandfleet.core.model import SandboxPod, image_key, split_lease_id
+from sandfleet.core.partition import owner
 from sandfleet.core.pods import sandbox_from_pod
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
+from sandfleet.gateway.kube_members import GatewayMembers
 from sandfleet.kube.client import APPLY_PATCH, MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
@@ -52,8 +54,13 @@ class KubeBackend(IndexedReads):
         namespace: str,
         connect: Callable[[], Awaitable[ApiClient]] = connect,
         token_audiences: list[str] | None = None,
+        replica: str | None = None,
     ) -> None:
         self.namespace = namespace
+        # This replica's name among the gateway replicas: each hands out its own share of the warm
+        # Pods first (gateway.kube_members); None hands out oldest first, racing the others.
+        self.replica = replica
+        self.members: GatewayMembers | None = None
         # A token minted for the gateway's own audience is useless against the apiserver itself.
         self.token_audiences = token_audiences or None
         self._connect = connect
@@ -216,9 +223,26 @@ class KubeBackend(IndexedReads):
         ]
         self._tasks = [asyncio.create_task(informer.run()) for informer in self._informers]
         self._tasks.append(asyncio.create_task(self._mark_synced()))
+        if self.replica is not None:
+            self.members = GatewayMembers(self.kube, self.namespace, self.replica, self._share_with)
+            await self.members.start()
         await asyncio.wait_for(self.synced.wait(), timeout=sync_timeout)
 
+    def replicas(self) -> int:
+        """The gateway replicas sharing this namespace's warm Pods as this one sees them (1: alone)."""
+        return len(self.members.members) if self.members is not None else 1
+
+    def _share_with(self, members: tuple[str, ...]) -> None:
+        """The replicas changed: prefer the warm Pods that are ours among them (all, when alone)."""
+        me = self.replica
+        if me is None or len(members) < 2:
+            self.index.shelves.prefer(None)
+        else:
+            self.index.shelves.prefer(lambda sandbox: owner(sandbox.name, members) == me)
+
     async def stop(self) -> None:
+        if self.members is not None:
+            await self.members.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

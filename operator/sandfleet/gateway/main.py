@@ -12,6 +12,7 @@ from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend, connect
+from sandfleet.gateway.kube_members import ReplicasGauge, default_identity
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
 from sandfleet.gateway.run_peers import KubePeers
 from sandfleet.gateway.serving import guarded_protocol
@@ -23,7 +24,12 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
     """A gateway app serving the pools of one namespace from the Kubernetes API."""
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_key = load_agent_key(settings)
-    backend = KubeBackend(settings.namespace, connect=connect, token_audiences=settings.token_audiences)
+    backend = KubeBackend(
+        settings.namespace,
+        connect=connect,
+        token_audiences=settings.token_audiences,
+        replica=default_identity() if settings.share_warm else None,
+    )
     reviews = settings.auth == "kubernetes"
     tenancy = TenantSettings()
     authenticator = Authenticator(
@@ -46,6 +52,7 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.kube),
         capacity=CapacitySettings(),
         tenancy=tenancy,
+        collectors=(ReplicasGauge(backend.replicas),),
         peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
     )
     return create_app(runtime)

@@ -39,6 +39,11 @@ class GatewaySettings(BaseSettings):
         default_factory=list,
         description="Audiences a caller's token must carry (TokenReview); empty means the apiserver's.",
     )
+    share_warm: bool = Field(
+        True,
+        description="Find the other replicas (coordination Leases) and hand out this replica's own "
+        "share of the warm Pods first, so replicas do not race for the same ones.",
+    )
 
 
 class CapacitySettings(BaseSettings):

@@ -21,3 +21,18 @@ def test_gateway_leases_short() -> None:
     assert report["apiserver_cpu_ms_per_lease"] > 0
     assert (report["batch_acquire_size"], report["batch_acquire_rounds"]) == (100, 3)
     assert 0 < report["batch_acquire_gateway_p50_ms"] <= report["batch_acquire_client_p50_ms"]
+
+
+def test_gateway_replicas_short() -> None:
+    """One gateway against three, racing or sharing: each configuration measured, figures sane."""
+    report = run_short("gateway_replicas.py", timeout=900)
+    assert report["burst_size"] == 90
+    assert set(report["configs"]) == {"1 gateway", "3 gateways, racing", "3 gateways, sharing"}
+    for figures in report["configs"].values():
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"]
+        assert figures["leases_per_s"] > 0
+        # Every lease is at least its own claim patch; conflicts are the wasted ones on top.
+        assert figures["pod_patches_per_lease"] >= 1
+        assert figures["pod_patches_per_lease"] - figures["conflicts_per_lease"] >= 1
+        assert figures["client_cpu_ms_per_lease"] > 0
+    assert report["throughput_3_sharing_over_1"] > 0

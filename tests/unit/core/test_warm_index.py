@@ -11,7 +11,8 @@ from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod
-from sandfleet.core.warm_index import WarmIndex, WarmShelves, pick_warm
+from sandfleet.core.partition import owner
+from sandfleet.core.warm_index import Mine, WarmIndex, WarmShelves, pick_warm
 
 REGIONS = ["us-east1", "europe-west4", "asia-southeast1", ""]
 
@@ -105,6 +106,19 @@ class Take:
     skipped: frozenset[str]
 
 
+@dataclass(frozen=True)
+class Prefer:
+    """The gateway replicas changed: `members` share the warm sandboxes, and we are the first."""
+
+    members: tuple[str, ...]
+
+    def mine(self) -> Mine | None:
+        if not self.members:
+            return None
+        members, me = self.members, self.members[0]
+        return lambda s: owner(s.name, members) == me
+
+
 names = st.sampled_from([f"s{i}" for i in range(12)])
 operations = st.lists(
     st.one_of(
@@ -117,6 +131,7 @@ operations = st.lists(
             st.booleans(),
         ),
         st.builds(Discard, names),
+        st.builds(Prefer, st.lists(st.sampled_from(["gw-a", "gw-b", "gw-c"]), unique=True).map(tuple)),
         st.builds(
             Take,
             st.integers(0, 4),
@@ -130,10 +145,12 @@ operations = st.lists(
 
 @settings(max_examples=400)
 @given(operations)
-def test_matches_pick_warm_on_any_sequence_of_changes(ops: list[Put | Discard | Take]) -> None:
-    """A model (a dict of current sandboxes, sorted by pick_warm) agrees with the index at every step."""
+def test_matches_pick_warm_on_any_sequence_of_changes(ops: list[Put | Discard | Prefer | Take]) -> None:
+    """A model (a dict of current sandboxes, sorted by pick_warm) agrees with the index at every step,
+    whatever the gateway replicas sharing them did in between."""
     index = WarmIndex()
     model: dict[str, SandboxPod] = {}
+    mine: Mine | None = None
     for version, op in enumerate(ops):
         if isinstance(op, Put):
             s = sandbox(op.name, op.region, op.created, version, state=op.state, ready=op.ready)
@@ -142,16 +159,42 @@ def test_matches_pick_warm_on_any_sequence_of_changes(ops: list[Put | Discard | 
         elif isinstance(op, Discard):
             model.pop(f"ns.{op.name}", None)
             index.discard(f"ns.{op.name}")
+        elif isinstance(op, Prefer):
+            mine = op.mine()
+            index.prefer(mine)
         else:
-            expected = pick_warm(model.values(), op.regions, op.skipped)[: op.count]
+            expected = pick_warm(model.values(), op.regions, op.skipped, mine)[: op.count]
             skipped = op.skipped
             taken = index.take(op.count, op.regions, lambda s: s.key in skipped)  # noqa: B023
             assert taken == expected
             for s in taken:
                 del model[s.key]
         assert sorted(s.key for s in index.sandboxes()) == sorted(k for k, s in model.items() if s.warm)
-    assert index.take(100) == pick_warm(model.values(), ())
+    assert index.take(100) == pick_warm(model.values(), (), mine=mine)
     assert len(index) == 0
+
+
+def test_replicas_sharing_the_warm_sandboxes_take_disjoint_ones_first() -> None:
+    """Three replicas seeing the same 300 warm sandboxes: their first 60 each never overlap, and
+    once a replica's own share is gone it goes on with the others' (a preference, not a lock)."""
+    members = ("gw-a", "gw-b", "gw-c")
+    warm = [sandbox(f"s{i:03}", created=float(i)) for i in range(300)]
+    taken: dict[str, list[str]] = {}
+    for me in members:
+        shelves = WarmShelves()
+        shelves.prefer(lambda s, me=me: owner(s.name, members) == me)  # type: ignore[misc]
+        for s in warm:
+            shelves.update(s)
+        taken[me] = [s.name for s in shelves.shelf("python", "img").take(300)]
+    firsts = [set(names[:60]) for names in taken.values()]
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert not firsts[i] & firsts[j]
+    assert all(len(names) == 300 for names in taken.values())
+    shares = [sum(owner(n, members) == me for n in taken[me]) for me in members]
+    assert all(70 <= share <= 130 for share in shares), shares  # about a third each
+    for me in members:
+        own = [owner(n, members) == me for n in taken[me]]
+        assert own == sorted(own, reverse=True), "a replica's own share comes first, then the rest"
 
 
 def test_a_new_version_in_the_same_place_replaces_the_old() -> None:

@@ -495,6 +495,8 @@ GATEWAY_NEEDS = [
     ("list", "sandboxpools.sandfleet.dev", "sandfleet"),
     ("patch", "sandboxprewarms.sandfleet.dev", "sandfleet"),
     ("update", "configmaps", "sandfleet"),
+    ("watch", "leases.coordination.k8s.io", "sandfleet"),
+    ("patch", "leases.coordination.k8s.io", "sandfleet"),
     ("create", "tokenreviews.authentication.k8s.io", ""),
     ("create", "subjectaccessreviews.authorization.k8s.io", ""),
 ]
@@ -504,6 +506,7 @@ GATEWAY_MUST_NOT = [
     ("create", "pods", "sandfleet"),
     ("get", "secrets", "sandfleet"),
     ("patch", "sandboxpools.sandfleet.dev/status", "sandfleet"),
+    ("patch", "leases.coordination.k8s.io", "other"),
 ]
 
 

@@ -1,0 +1,212 @@
+"""Benchmark: one gateway against three, racing for the same warm Pods or sharing them, on one cluster.
+
+A burst of concurrent acquires spread evenly over the replicas, for each of: 1 gateway; 3 gateways
+that each try the oldest warm Pods first (`--no-share-warm`, how every replica behaved before);
+3 gateways that hand out their own share first (the default, gateway/kube_members.py). Per
+configuration it reports the burst's p50/p99 and throughput, the apiserver's own count of Pod
+patches per lease and how many of them were 409 conflicts (machine-independent), and the CPU of
+the gateways, the apiserver and the load generator, so the load generator is not what is measured
+(one client process per replica). Medians over `--repeats` fresh bursts. Prints progress, then one
+JSON object as its last line.
+
+    .venv/bin/python bench/gateway_replicas.py            # full: 300-lease bursts, 3 repeats
+    .venv/bin/python bench/gateway_replicas.py --short    # CI: 90-lease bursts, 1 repeat
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_leases import TOKEN, Bench, cpu_seconds, percentile
+
+CONFIGS = {"1 gateway": (1, True), "3 gateways, racing": (3, False), "3 gateways, sharing": (3, True)}
+
+
+def log(message: str) -> None:
+    print(f"[bench replicas] {message}", file=sys.stderr, flush=True)
+
+
+def pod_patches(bench: Bench) -> dict[str, float]:
+    """The apiserver's own count of PATCH requests on pods, by response code."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(bench.kubectl("get", "--raw", "/metrics")):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name == "apiserver_request_total"
+                and labels.get("verb") == "PATCH"
+                and labels.get("resource") == "pods"
+                and not labels.get("subresource")
+            ):
+                counts[labels["code"]] = counts.get(labels["code"], 0.0) + sample.value
+    return counts
+
+
+def replicas_seen(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("sandfleet_gateway_replicas "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def client_process(url: str, count: int, start_at: float, out: Any) -> None:
+    """`count` concurrent acquires at one gateway, fired at `start_at`.
+
+    Puts (latencies ms, when each ended, when the first was sent, CPU seconds of the acquires alone).
+    """
+    cpu = [0.0]
+    first_sent = [0.0]
+
+    async def run() -> tuple[list[float], list[float]]:
+        limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
+            await asyncio.gather(*(client.get("/healthz") for _ in range(count)))  # open connections
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            cpu[0], first_sent[0] = cpu_now(), time.time()
+
+            async def one() -> tuple[float, float]:
+                started = time.perf_counter()
+                response = await client.post("/v1/leases", json={"pool": "bench", "wait_seconds": 60})
+                if response.status_code != 201:
+                    raise SystemExit(f"acquire failed: {response.status_code} {response.text}")
+                return (time.perf_counter() - started) * 1000, time.time()
+
+            done = await asyncio.gather(*(one() for _ in range(count)))
+            cpu[0] = cpu_now() - cpu[0]
+        return [d[0] for d in done], [d[1] for d in done]
+
+    latencies, ends = asyncio.run(run())
+    out.put((latencies, ends, first_sent[0], cpu[0]))
+
+
+def one_burst(bench: Bench, urls: list[str], size: int) -> dict[str, Any]:
+    """`size` acquires spread evenly over `urls`, each gateway fed by its own client process."""
+    start_at = time.time() + 3.0  # every client has connected by then (else it starts late, measured)
+    queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
+    shares = [size // len(urls) + (i < size % len(urls)) for i in range(len(urls))]
+    clients = [
+        multiprocessing.Process(target=client_process, args=(url, share, start_at, queue))
+        for url, share in zip(urls, shares, strict=True)
+    ]
+    for client in clients:
+        client.start()
+    results = [queue.get(timeout=300) for _ in clients]
+    for client in clients:
+        client.join(timeout=30)
+    latencies = [ms for result in results for ms in result[0]]
+    wall = max(end for result in results for end in result[1]) - min(result[2] for result in results)
+    return {
+        "latencies": latencies,
+        "leases_per_s": size / wall,
+        "client_cpu_s": sum(result[3] for result in results),
+        "late_start_s": max(result[2] for result in results) - start_at,
+    }
+
+
+def measure(bench: Bench, name: str, replicas: int, share: bool, size: int, round_: int) -> dict[str, Any]:
+    prefix = f"r{round_}-{'abc'[list(CONFIGS).index(name)]}"
+    bench.add_sandboxes(size, prefix)
+    flag = "--share-warm" if share else "--no-share-warm"
+    gateways = [bench.start_gateway(flag) for _ in range(replicas)]
+    started = list(bench.processes[-replicas:])
+    urls = [url for url, _ in gateways]
+    if share and replicas > 1:
+        deadline = time.monotonic() + 30
+        while not all(replicas_seen(url) == replicas for url in urls):
+            if time.monotonic() > deadline:
+                raise SystemExit("the gateway replicas did not see each other within 30 s")
+            time.sleep(0.2)
+    apiserver = bench.cluster.daemons()[1].pid()
+    assert apiserver is not None
+    pids = [pid for _, pid in gateways]
+    cpu_before = [cpu_seconds(pid) for pid in pids], cpu_seconds(apiserver)
+    patches_before = pod_patches(bench)
+    log(f"{name}: burst of {size} acquires")
+    burst = one_burst(bench, urls, size)
+    patches_after = pod_patches(bench)
+    gateway_cpu = sum(cpu_seconds(pid) for pid in pids) - sum(cpu_before[0])
+    apiserver_cpu = cpu_seconds(apiserver) - cpu_before[1]
+    for process in started:
+        process.terminate()
+    for process in started:
+        process.wait(timeout=15)
+        bench.processes.remove(process)
+    delta = {code: patches_after.get(code, 0.0) - patches_before.get(code, 0.0) for code in patches_after}
+    latencies = burst["latencies"]
+    return {
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": percentile(latencies, 99),
+        "leases_per_s": burst["leases_per_s"],
+        "pod_patches_per_lease": sum(delta.values()) / size,
+        "conflicts_per_lease": delta.get("409", 0.0) / size,
+        "gateway_cpu_ms_per_lease": gateway_cpu / size * 1000,
+        "apiserver_cpu_ms_per_lease": apiserver_cpu / size * 1000,
+        "client_cpu_ms_per_lease": burst["client_cpu_s"] / size * 1000,
+        "late_start_s": burst["late_start_s"],  # the last client process's lateness: should be ~0
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="small sizes for CI")
+    parser.add_argument("--repeats", type=int, default=None, help="bursts per configuration")
+    args = parser.parse_args()
+    size = 90 if args.short else 300
+    repeats = args.repeats or (1 if args.short else 3)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), nodes=30 if args.short else 90)
+        try:
+            bench.setup()
+            for round_ in range(repeats):
+                for name, (replicas, share) in CONFIGS.items():  # interleaved: drift hits all alike
+                    runs[name].append(measure(bench, name, replicas, share, size, round_))
+                    log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[name][-1].items()))
+        finally:
+            bench.teardown()
+    medians = {
+        name: {key: round(statistics.median(run[key] for run in results), 3) for key in results[0]}
+        for name, results in runs.items()
+    }
+    one, racing, sharing = (medians[name] for name in CONFIGS)
+    result = {
+        "burst_size": size,
+        "repeats": repeats,
+        "configs": medians,
+        "throughput_3_sharing_over_1": round(sharing["leases_per_s"] / one["leases_per_s"], 2),
+        "throughput_3_racing_over_1": round(racing["leases_per_s"] / one["leases_per_s"], 2),
+        "p50_3_sharing_over_racing": round(sharing["p50_ms"] / racing["p50_ms"], 2),
+        "agent": "none (acquire only)",
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

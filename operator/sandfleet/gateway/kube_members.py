@@ -1,0 +1,180 @@
+"""Gateway replicas find each other through coordination.k8s.io Leases; each hands out its own share first.
+
+Which replica a warm Pod belongs to first is `core.partition.owner` over the live replicas. It is
+a preference, never a lock: every claim stays a conditional write on the Pod, so a replica whose
+own share is empty takes from the others' (and may lose a race for one) without any double lease.
+What it buys is that replicas seeing the same warm Pods stop racing for the same oldest ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sandfleet.core import api
+from sandfleet.core.partition import live_members
+from sandfleet.kube.client import MERGE_PATCH, KubeClient
+from sandfleet.kube.errors import KubeError
+from sandfleet.kube.informer import SYNC, Informer
+
+log = logging.getLogger(__name__)
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def default_identity() -> str:
+    """The name of this replica among the others: its Pod's name in a cluster, else host and process."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def lease_name(identity: str) -> str:
+    """A DNS-1123 name for the replica's Lease (identities may hold characters a name may not)."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", identity.lower()).strip("-")[:200] or "replica"
+    return f"sandfleet-gateway-{slug}"
+
+
+def _micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class GatewayMembers:
+    """Renews this replica's Lease and watches the others'; tells `on_change` the live replicas."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        namespace: str,
+        identity: str,
+        on_change: Callable[[tuple[str, ...]], None],
+        lease_seconds: float = 15.0,
+        renew_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.path = LEASES.format(namespace=namespace)
+        self.identity = identity
+        self.name = lease_name(identity)
+        self.on_change = on_change
+        self.lease_seconds = lease_seconds
+        self.renew_seconds = renew_seconds
+        self.clock = clock
+        self.members: tuple[str, ...] = (identity,)
+        self._last_seen: dict[str, float] = {}
+        self._listed: dict[str, float] | None = None
+        self._lease_names: dict[str, str] = {}  # holder -> its Lease's name
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        informer = Informer(
+            self.kube,
+            self.path,
+            self._on_lease,
+            self._on_listed,
+            query={"labelSelector": api.GATEWAY_MEMBER_LABEL},
+            resource="leases",
+        )
+        self._tasks = [asyncio.create_task(informer.run()), asyncio.create_task(self._renew_forever())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # Leave at once, so the others take this replica's share now rather than after a lease.
+        with contextlib.suppress(KubeError, OSError, TimeoutError):
+            await self.kube.send("DELETE", f"{self.path}/{self.name}")
+
+    async def _renew_forever(self) -> None:
+        while True:
+            try:
+                await self._renew()
+                await self._forget_the_dead()
+            except (KubeError, OSError, TimeoutError) as error:
+                log.warning("gateway membership: cannot renew %s: %s", self.name, error)
+            self._recount()
+            await asyncio.sleep(self.renew_seconds)
+
+    async def _forget_the_dead(self) -> None:
+        """Delete the Leases of replicas silent for two lease durations (a crashed Pod leaves its own)."""
+        now = self.clock()
+        for holder, seen in list(self._last_seen.items()):
+            if holder != self.identity and now - seen > 2 * self.lease_seconds:
+                del self._last_seen[holder]
+                name = self._lease_names.pop(holder, None)
+                if name is not None:
+                    with contextlib.suppress(KubeError):  # another replica deleted it first
+                        await self.kube.send("DELETE", f"{self.path}/{name}")
+
+    async def _renew(self) -> None:
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.lease_seconds),
+            "renewTime": _micro_time(),
+        }
+        try:
+            await self.kube.send(
+                "PATCH", f"{self.path}/{self.name}", body={"spec": spec}, content_type=MERGE_PATCH
+            )
+        except KubeError as error:
+            if error.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "labels": {api.GATEWAY_MEMBER_LABEL: "true"}},
+                "spec": spec,
+            }
+            await self.kube.send("POST", self.path, body=body)
+
+    def _on_lease(self, kind: str, lease: dict[str, Any]) -> None:
+        if kind == SYNC:
+            self._listed = {}
+            return
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        if not holder:
+            return
+        seen = self._listed if self._listed is not None else self._last_seen
+        if kind == "DELETED":
+            seen.pop(holder, None)
+        else:
+            seen[holder] = self.clock()
+            self._lease_names[holder] = str(lease["metadata"]["name"])
+        if self._listed is None:
+            self._recount()
+
+    def _on_listed(self) -> None:
+        self._last_seen, self._listed = self._listed or {}, None
+        self._recount()
+
+    def _recount(self) -> None:
+        members = live_members(self._last_seen, self.identity, self.clock(), self.lease_seconds)
+        if members != self.members:
+            log.info("gateway replicas: %s", ", ".join(members))
+            self.members = members
+            self.on_change(members)
+
+
+class ReplicasGauge(Collector):
+    """`sandfleet_gateway_replicas`: how many replicas this one shares the warm sandboxes with."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "sandfleet_gateway_replicas",
+            "Gateway replicas sharing the warm sandboxes (live membership Leases, this one included).",
+            value=self.count(),
+        )
