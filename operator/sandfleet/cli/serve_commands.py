@@ -45,6 +45,19 @@ def serve(
             "Default: the base image.",
         ),
     ] = None,
+    recycle_episodes: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Recycle sandboxes in place: one serves up to this many episodes of the same run "
+            "(lease label `run`), reset between them from a golden gVisor checkpoint and probed clean. "
+            "0 (the default): every sandbox serves one episode.",
+        ),
+    ] = 0,
+    recycle_seconds: Annotated[
+        float,
+        typer.Option(min=1.0, help="With --recycle-episodes: a sandbox older than this is not reused."),
+    ] = 3600.0,
 ) -> None:
     """Serve leases on local gVisor sandboxes (root, no cluster): same API as `sandfleet gateway`."""
     import asyncio
@@ -52,6 +65,7 @@ def serve(
     import uvicorn
     from rich.console import Console
 
+    from sandfleet.core.recycle import RecyclePolicy
     from sandfleet.gateway.app import Runtime, create_app
     from sandfleet.gateway.auth import Authenticator, parse_token_file
     from sandfleet.gateway.local import MAX_SANDBOXES, LocalBackend
@@ -68,6 +82,12 @@ def serve(
     if token_file is None and host not in ("127.0.0.1", "localhost", "::1"):
         raise typer.BadParameter("without --token-file, serve only listens on loopback")
     names = list(image or [])
+    recycle = None
+    if recycle_episodes:
+        try:
+            recycle = RecyclePolicy(max_episodes=recycle_episodes, max_seconds=recycle_seconds)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--recycle-episodes") from None
     if warm * max(len(names) + tasks, 1) > MAX_SANDBOXES:
         raise typer.BadParameter(
             f"--warm {warm} of each image exceeds the {MAX_SANDBOXES} sandboxes serve holds"
@@ -94,7 +114,7 @@ def serve(
             images.insert(0, ImageRef(Path(built["layout"]), built["tag"], built["digest"]))
         images = images or [base]
         sandboxes = LocalRuntime(images[0], runsc)  # a fresh fleet key: only this process reaches agents
-        backend = LocalBackend(sandboxes, pool, images, warm)
+        backend = LocalBackend(sandboxes, pool, images, warm, recycle=recycle)
     except LocalRuntimeError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None
@@ -113,11 +133,13 @@ def serve(
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
         capacity=CapacitySettings(),  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
         tenancy=tenancy,
-        collectors=(backend.startup,),  # sandfleet_sandbox_startup_seconds, as the operator exports it
+        # sandfleet_sandbox_startup_seconds, as the operator exports it; resets of a recycling pool
+        collectors=backend.collectors,
     )
     served = ", ".join(f"{i.tag} ({i.digest[:19]})" for i in images)
+    reuse = f", recycled up to {recycle_episodes} episodes per run" if recycle else ""
     console.print(
-        f"sandfleet: serving pool {pool!r} ({warm} warm of each of {served}) on http://{host}:{port}"
+        f"sandfleet: serving pool {pool!r} ({warm} warm of each of {served}{reuse}) on http://{host}:{port}"
     )
     uvicorn.run(
         create_app(runtime),

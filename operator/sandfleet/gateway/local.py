@@ -8,22 +8,23 @@ import functools
 import itertools
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError, LeaseRecord
 from sandfleet.core.model import LeaseSpec, SandboxPod, image_key
 from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_LABELS, STARTUP_METRIC
 from sandfleet.core.quotas import CapacityError
+from sandfleet.core.recycle import RecyclePolicy, recycle_verdict, reserved_to_drop
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.plan import demand_boots, idle_spares, prefetch_refusal, startup_phases, template_hash
 from sandfleet.local.pool import WarmPool
-from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec
+from sandfleet.local.runtime import LocalRuntime, ResetFailed, RunscSandbox, SandboxSpec
 from sandfleet.local.tools import ImageRef
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,13 @@ NAMESPACE = "local"
 REGION = "local"
 ENDED_MEMORY = 10_000  # ended leases remembered, so late calls get 410 rather than 404
 MAX_SANDBOXES = 64  # the most the local runtime ever holds, warm and leased, over all its images
+
+
+RESET_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+# Why a reset sandbox is not warm again: its restore failed, its probe did not match the golden
+# sandbox's, or it aged past the pool's bound while resetting; "recycled" when it is.
+RESET_RESULTS = ("recycled", "restore_failed", "probe_failed", "retired")
+Reserve = tuple[str, str, str]  # (holder, run, image key): who may lease a reset sandbox next
 
 
 def startup_histogram() -> Histogram:
@@ -43,6 +51,14 @@ def startup_histogram() -> Histogram:
         buckets=STARTUP_BUCKETS,
         registry=None,
     )
+
+
+@dataclass(eq=False)
+class _Life:
+    """A runsc sandbox's service so far: when it first became warm, and episodes leased on it."""
+
+    born_at: float
+    episodes: int = 0
 
 
 @dataclass(eq=False)
@@ -80,6 +96,7 @@ class LocalBackend(IndexedReads):
         clock: Callable[[], float] = time.time,
         max_sandboxes: int = MAX_SANDBOXES,
         startup: Histogram | None = None,
+        recycle: RecyclePolicy | None = None,
     ) -> None:
         if not images:
             raise ValueError("a local pool serves at least one image")
@@ -106,13 +123,32 @@ class LocalBackend(IndexedReads):
         self.base_warm = warm
         self.clock = clock
         self.startup = startup or startup_histogram()
+        # Recycling pools restore every sandbox from a golden snapshot, and reset it the same way.
+        self.recycle = recycle
+        self._create = runtime.create_restored if recycle is not None else runtime.create
+        self.resets = Counter(
+            "sandfleet_sandbox_resets",
+            "Sandboxes reset in place after an episode (recycling pools), by outcome.",
+            ["pool", "result"],
+            registry=None,
+        )
+        self.reset_seconds = Histogram(
+            "sandfleet_sandbox_reset_seconds",
+            "How long a reset took: teardown, restore from the golden snapshot, rekey and probe.",
+            ["pool"],
+            buckets=RESET_BUCKETS,
+            registry=None,
+        )
+        if recycle is not None:
+            for result in RESET_RESULTS:  # exported from the start, at zero
+                self.resets.labels(pool_name, result)
         self.served: dict[str, _Served] = {}  # by image key
         for image in images:
             spec = SandboxSpec(image=image)
             served = _Served(
                 image=image,
                 spec=spec,
-                pool=WarmPool(runtime, warm, spec=spec),
+                pool=WarmPool(runtime, warm, spec=spec, create=self._create),
                 base_warm=warm,
                 template_hash=template_hash(image.digest, spec.limits, spec.env),
                 target=warm,
@@ -131,6 +167,19 @@ class LocalBackend(IndexedReads):
         self._versions = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
         self._boots: set[asyncio.Task[None]] = set()
+        # Recycling: each runsc sandbox's service (by id), reset sandboxes waiting for their run's
+        # next lease (and since when), leases served by one of those, and resets under way.
+        self._lives: dict[str, _Life] = {}
+        self._reserved: dict[Reserve, deque[tuple[RunscSandbox, float]]] = {}
+        self._bound: dict[str, Reserve] = {}
+        self._binding: set[str] = set()
+        self._resets: set[asyncio.Task[None]] = set()
+        self._names = itertools.count(2)
+
+    @property
+    def collectors(self) -> tuple[Histogram | Counter, ...]:
+        """The metrics this backend exports (spin-up, and resets of recycling pools)."""
+        return (self.startup, self.resets, self.reset_seconds)
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -148,9 +197,9 @@ class LocalBackend(IndexedReads):
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for task in list(self._boots):
+        for task in [*self._boots, *self._resets]:
             task.cancel()
-        await asyncio.gather(*self._boots, return_exceptions=True)
+        await asyncio.gather(*self._boots, *self._resets, return_exceptions=True)
         for served in self.served.values():
             if served.reset is not None:
                 served.reset.cancel()
@@ -180,8 +229,17 @@ class LocalBackend(IndexedReads):
         current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return None
+        if sandbox.key in self._binding:
+            return None
+        reserve = self._reserve_of(lease, current.image_key)
+        if reserve in self._reserved:
+            # A sandbox its run's last episode left, reset clean: it serves this lease instead.
+            bound = await self._bind_reserved(current, reserve, lease)
+            if bound is not None or self.index.get(sandbox.key) is not current:
+                return bound
         if not self._take(sandbox.key):
             return None
+        self._life(self._local[sandbox.key]).episodes += 1
         return self._store(replace(current, state=api.LEASE_LEASED, lease=lease))
 
     async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
@@ -194,6 +252,14 @@ class LocalBackend(IndexedReads):
         current = self.index.get(sandbox.key)
         if current is None or current.resource_version != sandbox.resource_version:
             return  # written since (a retry adopted it): the lease stays
+        reserve = self._bound.pop(sandbox.key, None)
+        if reserve is not None:
+            # A reset sandbox nobody received: it waits for its run again (its name goes with it).
+            local = self._local.pop(sandbox.key)
+            del self.index[sandbox.key]
+            self._life(local).episodes -= 1
+            self._reserved.setdefault(reserve, deque()).appendleft((local, self.clock()))
+            return
         if sandbox.key in self._from_spares:
             self._from_spares.discard(sandbox.key)
             self._spares[sandbox.key] = self.clock()
@@ -202,21 +268,185 @@ class LocalBackend(IndexedReads):
         self._store(replace(current, state=api.LEASE_FREE, lease=None))
 
     async def release(self, sandbox: SandboxPod) -> None:
+        current, local = self.index.get(sandbox.key), self._local.get(sandbox.key)
+        if current is not None and local is not None and current.lease is not None:
+            life = self._life(local)
+            lease = current.lease
+            verdict = recycle_verdict(
+                self.recycle, run=lease.run, episodes=life.episodes, born_at=life.born_at, now=self.clock()
+            )
+            if verdict.recycle:
+                self._end(sandbox.key, api.LEASE_RELEASED, destroy=False)
+                reserve = self._reserve_of(lease, current.image_key)
+                task = asyncio.get_running_loop().create_task(self._reset(local, reserve))
+                self._resets.add(task)
+                task.add_done_callback(self._resets.discard)
+                return
+            if self.recycle is not None:
+                log.debug("sandbox %s is not recycled: %s", local.id, verdict.reason)
         self._end(sandbox.key, api.LEASE_RELEASED)
 
-    def _end(self, key: str, state: str) -> None:
+    def _end(self, key: str, state: str, destroy: bool = True) -> None:
         """Forget a sandbox (remembering how its lease ended) and destroy it in the background."""
         current = self.index.pop(key, None)
         local = self._local.pop(key, None)
         self._spares.pop(key, None)
         self._from_spares.discard(key)
+        self._bound.pop(key, None)
         if current is None or local is None:
             return
         ended = replace(current, state=state, resource_version=str(next(self._versions)))
         self._ended[key] = ended
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
-        self.runtime.release(local)  # torn down in the background, never reused
+        if destroy:
+            self._destroy(local)  # torn down in the background, never reused
+
+    def _destroy(self, local: RunscSandbox) -> None:
+        self._lives.pop(local.id, None)
+        self.runtime.release(local)
+
+    # -- recycling -----------------------------------------------------------------------------
+
+    def _life(self, local: RunscSandbox) -> _Life:
+        return self._lives.setdefault(local.id, _Life(born_at=self.clock()))
+
+    @staticmethod
+    def _reserve_of(lease: LeaseRecord, image: str) -> Reserve:
+        # A sandbox is reused only by its own holder's same run, on the same image.
+        return (lease.holder, lease.run or "", image)
+
+    def _next_name(self, local: RunscSandbox) -> str:
+        """A name never used before: each episode's lease id, and so its token, is its own."""
+        return f"{local.id}-{next(self._names)}"
+
+    async def _reset(self, local: RunscSandbox, reserve: Reserve) -> None:
+        """Reset an ended episode's sandbox in place; warm for its run if clean, destroyed otherwise."""
+        served = self.served[reserve[2]]
+        life = self._life(local)
+        started = time.monotonic()
+        problems: list[str] = []
+        try:
+            golden = await self.runtime.golden(served.spec)
+            try:
+                await self.runtime.reset(local, golden, self._next_name(local))
+            except ResetFailed:
+                raise
+            except LocalRuntimeError:
+                self.runtime.forget_golden(golden)  # the next sandbox boots a new one
+                raise
+        except ResetFailed as failed:
+            problems, result = failed.problems, "probe_failed"
+        except LocalRuntimeError as error:
+            problems, result = [str(error)], "restore_failed"
+        else:
+            verdict = recycle_verdict(
+                self.recycle,
+                run=reserve[1],
+                episodes=life.episodes,
+                born_at=life.born_at,
+                now=self.clock(),
+                probe=problems,
+            )
+            result = "recycled" if verdict.recycle else "retired"
+        self.resets.labels(self.info.name, result).inc()
+        self.reset_seconds.labels(self.info.name).observe(time.monotonic() - started)
+        if result != "recycled":
+            # Never handed out: the runtime destroys it (a failed reset already has).
+            log.warning("sandbox %s was not recycled (%s): %s", local.id, result, "; ".join(problems))
+            self._destroy(local)
+            return
+        self._reserved.setdefault(reserve, deque()).append((local, self.clock()))
+
+    async def _bind_reserved(
+        self, current: SandboxPod, reserve: Reserve, lease: LeaseRecord
+    ) -> SandboxPod | None:
+        """Serve `lease` (leasing warm `current`) with a reset sandbox of its run instead.
+
+        The lease keeps the name the lease service chose (its id and its token's); the reset
+        sandbox takes it, and the fresh sandbox behind it takes a new one and stays warm. None if
+        the reset sandbox did not answer (it is destroyed; the caller falls back to `current`).
+        """
+        key = current.key
+        waiting = self._reserved[reserve]
+        local, _ = waiting.popleft()
+        if not waiting:
+            del self._reserved[reserve]
+        fresh = self._local[key]
+        self._binding.add(key)
+        try:
+            try:
+                await self.runtime.rekey(local, current.name)
+            except LocalRuntimeError as error:
+                log.warning("reset sandbox %s did not take its lease (%s): destroyed", local.id, error)
+                self._destroy(local)
+                return None
+            try:
+                await self.runtime.rekey(fresh, self._next_name(fresh))
+                renamed = True
+            except LocalRuntimeError as error:
+                log.warning("warm sandbox %s could not be renamed (%s): destroyed", fresh.id, error)
+                renamed = False
+        finally:
+            self._binding.discard(key)
+        if self.index.get(key) is not current:
+            # Its warm sandbox died meanwhile: the lease service sees the change and tries again.
+            self._reserved.setdefault(reserve, deque()).appendleft((local, self.clock()))
+            return None
+        self._move_fresh(key, fresh, renamed)
+        self._local[key] = local
+        self._bound[key] = reserve
+        self._life(local).episodes += 1
+        return self._store(
+            replace(
+                current,
+                state=api.LEASE_LEASED,
+                lease=lease,
+                address=local.address,
+                port=local.port,
+                image_digest=local.image_digest or current.image_digest,
+            )
+        )
+
+    def _move_fresh(self, key: str, fresh: RunscSandbox, renamed: bool) -> None:
+        """The warm sandbox behind `key` stays warm under its new name (or is destroyed)."""
+        spare_since = self._spares.pop(key, None)
+        if not renamed:
+            if spare_since is None:
+                self._take(key)  # out of its warm pool, which refills
+            self._destroy(fresh)
+            return
+        new_key = f"{NAMESPACE}.{fresh.name}"
+        if spare_since is not None:
+            self._spares[new_key] = spare_since
+        self._local[new_key] = fresh
+        current = self.index[key]
+        self._store(replace(current, name=fresh.name, state=api.LEASE_FREE, lease=None))
+
+    def _reserved_count(self) -> int:
+        return sum(len(waiting) for waiting in self._reserved.values()) + len(self._resets)
+
+    def _drop_reserved(self, now: float) -> None:
+        """Destroy reset sandboxes their run no longer wants (idle too long) or that grew too old."""
+        if self.recycle is None or not self._reserved:
+            return
+        times = {
+            local.id: (self._life(local).born_at, since)
+            for waiting in self._reserved.values()
+            for local, since in waiting
+        }
+        drop = set(reserved_to_drop(times, self.recycle, now))
+        if not drop:
+            return
+        for reserve, waiting in list(self._reserved.items()):
+            kept = deque(entry for entry in waiting if entry[0].id not in drop)
+            for local, _ in waiting:
+                if local.id in drop:
+                    self._destroy(local)
+            if kept:
+                self._reserved[reserve] = kept
+            else:
+                del self._reserved[reserve]
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
         """Keep `count` of `image` warm for `ttl_seconds` (then its standing `--warm` again)."""
@@ -228,7 +458,7 @@ class LocalBackend(IndexedReads):
                 "`sandfleet serve --local` with `--image LAYOUT:TAG` for each image to serve"
             )
         targets = {s.image.tag: s.target for s in self.served.values()}
-        leased = sum(1 for s in self.index.values() if s.leased)
+        leased = sum(1 for s in self.index.values() if s.leased) + self._reserved_count()
         refusal = prefetch_refusal(targets, served.image.tag, count, leased, self.info.max_sandboxes)
         if refusal is not None:
             raise CapacityError("prefetch_too_large", refusal)
@@ -247,7 +477,11 @@ class LocalBackend(IndexedReads):
             return
         warm = len(self.warm(pool, key))
         booting = served.pool.creating_count + served.demand_booting
-        held = len(self._local) + sum(s.pool.creating_count + s.demand_booting for s in self.served.values())
+        held = (
+            len(self._local)
+            + self._reserved_count()
+            + sum(s.pool.creating_count + s.demand_booting for s in self.served.values())
+        )
         for _ in range(demand_boots(waiting, warm, booting, held, self.info.max_sandboxes)):
             served.demand_booting += 1
             task = asyncio.get_running_loop().create_task(self._boot_spare(served))
@@ -274,24 +508,25 @@ class LocalBackend(IndexedReads):
 
     async def _boot_spare(self, served: _Served) -> None:
         try:
-            local = await self.runtime.create(served.spec)
+            local = await self._create(served.spec)
         except LocalRuntimeError as error:
             log.warning("booting a sandbox on demand failed: %s", error)
             return
         finally:
             served.demand_booting -= 1
-        self._spares[f"{NAMESPACE}.{local.id}"] = self.clock()
+        self._spares[f"{NAMESPACE}.{local.name}"] = self.clock()
         self._on_ready(local, served)
 
     def _on_ready(self, local: RunscSandbox, served: _Served) -> None:
-        key = f"{NAMESPACE}.{local.id}"
+        key = f"{NAMESPACE}.{local.name}"
         self._local[key] = local
+        self._life(local)
         for phase, seconds in startup_phases(local.timings).items():
             self.startup.labels(self.info.name, REGION, phase).observe(seconds)
         self._store(
             SandboxPod(
                 namespace=NAMESPACE,
-                name=local.id,
+                name=local.name,
                 pool=self.info.name,
                 region=REGION,
                 resource_version="0",
@@ -312,7 +547,16 @@ class LocalBackend(IndexedReads):
 
     def _on_lost(self, local: RunscSandbox) -> None:
         """A sandbox died: a warm one is replaced; a leased one loses its address (calls: sandbox_lost)."""
-        key = f"{NAMESPACE}.{local.id}"
+        for reserve, waiting in list(self._reserved.items()):
+            if any(entry[0] is local for entry in waiting):
+                kept = deque(entry for entry in waiting if entry[0] is not local)
+                if kept:
+                    self._reserved[reserve] = kept
+                else:
+                    del self._reserved[reserve]
+                self._destroy(local)
+                return
+        key = f"{NAMESPACE}.{local.name}"
         current = self.index.get(key)
         if current is None:
             return
@@ -325,9 +569,10 @@ class LocalBackend(IndexedReads):
 
     def _on_retired(self, local: RunscSandbox) -> None:
         """A warm pool shrank and destroyed this ready sandbox: it is neither warm nor leasable."""
-        key = f"{NAMESPACE}.{local.id}"
+        key = f"{NAMESPACE}.{local.name}"
         self.index.pop(key, None)
         self._local.pop(key, None)
+        self._lives.pop(local.id, None)
 
     def _store(self, sandbox: SandboxPod) -> SandboxPod:
         return self.index.put(replace(sandbox, resource_version=str(next(self._versions))))
@@ -343,3 +588,4 @@ class LocalBackend(IndexedReads):
                     self._end(sandbox.key, sandbox.state)  # stays "leased": callers hear "expired"
             for key in idle_spares(self._spares, now):
                 self._end(key, api.LEASE_FREE)  # booted for callers served meanwhile: not warm stock
+            self._drop_reserved(now)

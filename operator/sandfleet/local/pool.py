@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sandfleet.core.warm_pool import PoolCounts, plan_warm_step
 from sandfleet.local.errors import LocalRuntimeError
@@ -27,6 +27,7 @@ class WarmPool:
         max_parallel_creates: int = 2,
         on_ready: Callable[[RunscSandbox], None] | None = None,
         on_retire: Callable[[RunscSandbox], None] | None = None,
+        create: Callable[[SandboxSpec], Awaitable[RunscSandbox]] | None = None,
     ) -> None:
         if size < 0:
             raise ValueError("pool size must not be negative")
@@ -36,6 +37,8 @@ class WarmPool:
         self.max_parallel_creates = max_parallel_creates
         self.on_ready = on_ready  # told of each sandbox as it joins the ready set
         self.on_retire = on_retire  # told of each ready sandbox destroyed because the pool shrank
+        # How a sandbox is made: booted, or restored from a golden snapshot (a recycling pool).
+        self.create = create or runtime.create
         self.failures = 0
         self._ready: deque[RunscSandbox] = deque()
         self._creating: set[asyncio.Task[None]] = set()
@@ -130,7 +133,7 @@ class WarmPool:
     async def _create_one(self) -> None:
         task = asyncio.current_task()
         try:
-            sandbox = await self.runtime.create(self.spec)
+            sandbox = await self.create(self.spec)
         except LocalRuntimeError as error:
             self.failures += 1
             log.warning("warm pool create failed: %s", error)

@@ -5,7 +5,10 @@ serves its default image and any it is given with `add_image`. Every sandbox wri
 its own in-memory overlay, runs in its own network namespace with its own address, and is held to
 its memory, CPU and process limits by cgroups. Destruction can run off the critical path; on start,
 debris from crashed runtimes is removed. A set-up sandbox can be checkpointed into a golden
-snapshot, and new sandboxes restored from it instead of booted.
+snapshot, and new sandboxes restored from it instead of booted. A golden snapshot per spec
+(`golden`) also serves pools that recycle: a sandbox is restored from it (`create_restored`), and
+reset in place by restoring it again (`reset`); each restored agent is rekeyed to its own token and
+probed against the golden sandbox before anyone may use it.
 
 Every agent requires its own bearer token, derived from the runtime's fleet key; a sandbox's
 stdout and stderr go to a pipe of which the runtime keeps only a bounded tail (nothing a sandbox
@@ -24,7 +27,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -34,6 +37,7 @@ from sandfleet.core.addressing import DEFAULT_SUBNET
 from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token, new_fleet_key
 from sandfleet.core.api import DEFAULT_AGENT_PORT
 from sandfleet.core.limits import SandboxLimits
+from sandfleet.core.recycle import Fingerprint, fingerprint_from_json, probe_problems
 from sandfleet.local import hoststate, network
 from sandfleet.local.commands import CommandError, run_command
 from sandfleet.local.errors import LocalRuntimeError
@@ -50,6 +54,22 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 # How fast the host drains that pipe; past it the pipe fills and the sandbox's own writer blocks,
 # so a sandbox flooding its stderr spends its own time, not the gateway's.
 OUTPUT_DRAIN_BYTES_PER_S = 8 * 1024 * 1024
+# What a reset probe compares with the golden sandbox's: every place the sandbox's users (the exec
+# and verifier uids) and the agent's files routes can write. The rest of the image is root's and
+# read-only to them (a restore brings the whole memory overlay back anyway); /etc and /opt would
+# cost most of the probe's time (0.2 s and 0.7 s here, for the agent's own code).
+PROBE_ROOTS = (
+    "/workspace",
+    "/tmp",
+    "/var/tmp",
+    "/home",
+    "/root",
+    "/logs",
+    "/tests",
+    "/solution",
+    "/dev",
+    "/run",
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,13 @@ class RunscSandbox:
     timings: dict[str, float] = field(default_factory=dict)
     token: str = field(default="", repr=False)
     image_digest: str = ""  # the manifest digest of the image it booted
+    # What the gateway calls it, from which its token is derived: its id, until it is reset or
+    # handed a lease's name (each episode has a name, and so a token, of its own).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        """A sandbox is called by its id until it is renamed."""
+        self.name = self.name or self.id
 
     @property
     def url(self) -> str:
@@ -97,6 +124,30 @@ class Snapshot:
     seconds: float
     # A restored agent keeps the environment it was checkpointed with, so its token too.
     token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class Golden:
+    """A golden snapshot of a freshly booted, ready sandbox, with what its probe saw inside it.
+
+    Its agent's token is random and held only here: a restored sandbox wakes with it and is
+    rekeyed to its own at once.
+    """
+
+    snapshot: Snapshot
+    fingerprint: Fingerprint
+
+
+class ResetFailed(LocalRuntimeError):
+    """A restored sandbox did not come back as its golden sandbox was (it has been destroyed)."""
+
+    def __init__(self, sandbox: str, problems: list[str]) -> None:
+        super().__init__(f"sandbox {sandbox} failed its reset probe: {'; '.join(problems)}")
+        self.problems = problems
+
+
+def _golden_key(spec: SandboxSpec, image: ImageRef) -> tuple[object, ...]:
+    return (image.digest, spec.limits, tuple(sorted(spec.env.items())), spec.allow_host_ports)
 
 
 @dataclass(frozen=True)
@@ -148,6 +199,9 @@ class LocalRuntime:
         self._client: httpx.AsyncClient | None = None
         self._outputs: dict[str, _OutputTail] = {}
         self._expected_exits: set[str] = set()
+        self._goldens: dict[tuple[object, ...], Golden] = {}
+        self._destroying: dict[str, asyncio.Task[None]] = {}
+        self._golden_locks: dict[tuple[object, ...], asyncio.Lock] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -298,40 +352,196 @@ class LocalRuntime:
         self.sandboxes[sandbox_id] = sandbox
         self._specs[sandbox_id] = spec
         try:
-            await network.create_network(slot, addresses)
-            if spec.allow_host_ports:
-                await network.allow_host_ports(slot, spec.allow_host_ports)
-            networked = time.monotonic()
-            bundle.mkdir(parents=True)
-            (bundle / "config.json").write_text(json.dumps(self._oci_spec(sandbox, spec, served)))
-            if snapshot is None:
-                await self._runsc_start(sandbox, ["run", "--detach", f"--bundle={bundle}"])
-            else:
-                restore = ["restore", "--detach", f"--image-path={snapshot.path}", f"--bundle={bundle}"]
-                await self._runsc_start(sandbox, restore)
-            running = time.monotonic()
-            await self._wait_ready(sandbox)
+            timings = await self._launch(sandbox, spec, served, snapshot)
         except BaseException:
             self.release(sandbox)
             raise
-        ready = time.monotonic()
-        sandbox.timings = {
-            "network_s": networked - started,
-            ("runsc_restore_s" if snapshot else "runsc_run_s"): running - networked,
-            "agent_ready_s": ready - running,
-            "total_s": ready - started,
-        }
+        sandbox.timings = {**timings, "total_s": time.monotonic() - started}
         return sandbox
 
+    async def _launch(
+        self, sandbox: RunscSandbox, spec: SandboxSpec, served: _Served, snapshot: Snapshot | None
+    ) -> dict[str, float]:
+        """Give the sandbox its network, start runsc (run or restore) and wait for its agent."""
+        started = time.monotonic()
+        await network.create_network(sandbox.slot, self.slots.addresses(sandbox.slot))
+        if spec.allow_host_ports:
+            await network.allow_host_ports(sandbox.slot, spec.allow_host_ports)
+        networked = time.monotonic()
+        bundle = sandbox.bundle
+        bundle.mkdir(parents=True, exist_ok=True)
+        (bundle / "config.json").write_text(json.dumps(self._oci_spec(sandbox, spec, served)))
+        if snapshot is None:
+            await self._runsc_start(sandbox, ["run", "--detach", f"--bundle={bundle}"])
+        else:
+            restore = ["restore", "--detach", f"--image-path={snapshot.path}", f"--bundle={bundle}"]
+            await self._runsc_start(sandbox, restore)
+        running = time.monotonic()
+        await self._wait_ready(sandbox)
+        return {
+            "network_s": networked - started,
+            ("runsc_restore_s" if snapshot else "runsc_run_s"): running - networked,
+            "agent_ready_s": time.monotonic() - running,
+        }
+
+    # --- golden snapshots, restored and reset sandboxes -----------------------------------------
+
+    async def golden(self, spec: SandboxSpec | None = None) -> Golden:
+        """The golden snapshot of `spec`: taken once, from a freshly booted sandbox that answered ready."""
+        spec = spec or SandboxSpec()
+        key = _golden_key(spec, self._image_of(spec).image)
+        async with self._golden_locks.setdefault(key, asyncio.Lock()):
+            known = self._goldens.get(key)
+            if known is not None:
+                return known
+            # A random token nobody else ever learns: not derived from the fleet key, never leased.
+            secret = {**spec.env, AGENT_TOKEN_ENV: secrets.token_hex(32)}
+            source = await self.create(replace(spec, env=secret))
+            try:
+                fingerprint = await self.probe(source)
+            except BaseException:
+                self.release(source)
+                raise
+            snapshot = await self.snapshot(source)
+            golden = Golden(replace(snapshot, spec=spec), fingerprint)
+            self._goldens[key] = golden
+            log.info("golden snapshot of %s taken in %.2f s", source.id, snapshot.seconds)
+            return golden
+
+    def forget_golden(self, golden: Golden) -> None:
+        """Drop a golden snapshot that failed to restore; the next `golden` call takes a new one."""
+        for key, known in list(self._goldens.items()):
+            if known is golden:
+                del self._goldens[key]
+        shutil.rmtree(golden.snapshot.path, ignore_errors=True)
+
+    async def create_restored(self, spec: SandboxSpec | None = None) -> RunscSandbox:
+        """A sandbox restored from `spec`'s golden snapshot, rekeyed to its own token and probed clean."""
+        golden = await self.golden(spec)
+        try:
+            sandbox = await self.restore(golden.snapshot)
+        except LocalRuntimeError:
+            self.forget_golden(golden)
+            raise
+        await self._rekey_and_probe(sandbox, golden, sandbox.name)
+        return sandbox
+
+    async def reset(self, sandbox: RunscSandbox, golden: Golden, name: str) -> dict[str, float]:
+        """Reset a sandbox in place: the same container restored from the golden snapshot again.
+
+        Its processes, sockets and memory overlay (every file it wrote) go with the old sandbox
+        process; it comes back on a fresh network namespace (runsc takes a namespace's address
+        over, and the host's connections to the old address must never reach the next episode),
+        is rekeyed to the token of `name` and must pass the probe. Anything else raises
+        LocalRuntimeError (ResetFailed for a probe) with the sandbox already destroyed.
+        """
+        if self.sandboxes.get(sandbox.id) is not sandbox:
+            raise LocalRuntimeError(f"sandbox {sandbox.id} is not running in this runtime")
+        started = time.monotonic()
+        spec = self._specs.get(sandbox.id, SandboxSpec())
+        # Its old process ending is the reset, not a loss: stop listening before killing it.
+        output = self._outputs.pop(sandbox.id, None)
+        if output is not None:
+            output.close()
+        old_slot, new_slot = sandbox.slot, self.slots.claim(self.instance_id)
+        try:
+            root = f"--root={self.runsc_root}"
+            await run_command([str(self.runsc), root, "kill", sandbox.id, "KILL"], check=False, timeout_s=30)
+            await run_command(
+                [str(self.runsc), root, "delete", "--force", sandbox.id], check=False, timeout_s=60
+            )
+            await network.delete_network(old_slot)
+        except BaseException:
+            self.slots.free(new_slot)
+            self.release(sandbox)
+            raise
+        self.slots.free(old_slot)
+        sandbox.slot, sandbox.address = new_slot, str(self.slots.addresses(new_slot).sandbox)
+        sandbox.token, sandbox.name = golden.snapshot.token, sandbox.id
+        torn_down = time.monotonic()
+        try:
+            timings = await self._launch(sandbox, spec, self._image_of(spec), golden.snapshot)
+            restored = time.monotonic()
+            await self._rekey_and_probe(sandbox, golden, name)
+        except BaseException:
+            self.release(sandbox)
+            raise
+        done = time.monotonic()
+        sandbox.timings = {
+            "teardown_s": torn_down - started,
+            **timings,
+            "rekey_probe_s": done - restored,
+            "total_s": done - started,
+        }
+        return sandbox.timings
+
+    async def rekey(self, sandbox: RunscSandbox, name: str) -> None:
+        """Give the sandbox's agent the token of `name` (its current one stops working)."""
+        assert self._client is not None
+        token = agent_token(self.fleet_key, name)
+        try:
+            response = await self._client.post(
+                f"{sandbox.url}/v1/rekey", json={"token": token}, headers=sandbox.headers
+            )
+        except httpx.TransportError as error:
+            raise LocalRuntimeError(f"rekeying {sandbox.id} failed: {type(error).__name__}") from None
+        if response.status_code != 200:
+            raise LocalRuntimeError(
+                f"rekeying {sandbox.id} failed: {response.status_code} {response.text[:200]}"
+            )
+        sandbox.token, sandbox.name = token, name
+
+    async def probe(self, sandbox: RunscSandbox) -> Fingerprint:
+        """What the sandbox's agent sees inside it (processes, sockets, writable roots' digests)."""
+        assert self._client is not None
+        try:
+            response = await self._client.post(
+                f"{sandbox.url}/v1/probe",
+                json={"roots": list(PROBE_ROOTS)},
+                headers=sandbox.headers,
+                timeout=30,
+            )
+            if response.status_code != 200:
+                raise LocalRuntimeError(f"probing {sandbox.id}: {response.status_code} {response.text[:200]}")
+            return fingerprint_from_json(response.json())
+        except (httpx.TransportError, ValueError) as error:
+            raise LocalRuntimeError(f"probing {sandbox.id} failed: {error}") from None
+
+    async def _rekey_and_probe(self, sandbox: RunscSandbox, golden: Golden, name: str) -> None:
+        try:
+            await self.rekey(sandbox, name)
+            problems = probe_problems(golden.fingerprint, await self.probe(sandbox), self.agent_port)
+        except BaseException:
+            self.release(sandbox)
+            raise
+        if problems:
+            self.release(sandbox)
+            raise ResetFailed(sandbox.id, problems)
+
     def release(self, sandbox: RunscSandbox) -> asyncio.Task[None]:
-        """Destroy a sandbox in the background (teardown stays off the caller's critical path)."""
+        """Destroy a sandbox in the background (teardown stays off the caller's critical path).
+
+        Releasing it again returns the same teardown, or a finished one: never a second teardown,
+        which could free a slot (and delete a network) somebody else has claimed since.
+        """
+        if self.sandboxes.get(sandbox.id) is not sandbox:
+            pending = self._destroying.get(sandbox.id)
+            if pending is not None:
+                return pending
+            return asyncio.get_running_loop().create_task(_nothing())
         self.sandboxes.pop(sandbox.id, None)
         self._specs.pop(sandbox.id, None)
         self._expected_exits.add(sandbox.id)
         task = asyncio.get_running_loop().create_task(self._destroy(sandbox), name=f"destroy {sandbox.id}")
         self._pending_destroys.add(task)
         task.add_done_callback(self._pending_destroys.discard)
+        self._destroying[sandbox.id] = task
+        task.add_done_callback(lambda done: self._destroyed(sandbox.id, done))
         return task
+
+    def _destroyed(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._destroying.get(sandbox_id) is task:
+            del self._destroying[sandbox_id]
 
     async def destroy(self, sandbox: RunscSandbox) -> None:
         """Destroy a sandbox and wait until everything it held is gone."""
@@ -501,6 +711,10 @@ class LocalRuntime:
                 },
             },
         }
+
+
+async def _nothing() -> None:
+    """A teardown that has nothing left to do."""
 
 
 def host_pids_limit(guest_pids: int) -> int:
