@@ -31,3 +31,12 @@ def test_sandbox_density_short(runsc: Path, base_image: ImageRef) -> None:
     assert report["healthy"] == report["sandboxes"]
     assert report["exec_failures"] == 0
     assert report["memory_cgroup_per_sandbox_bytes"] > 0
+
+
+def test_sandbox_reset_short(runsc: Path, base_image: ImageRef) -> None:
+    report = run_short("sandbox_reset.py")
+    assert report["benchmark"] == "sandbox_reset"
+    assert 0 < report["reset_p50_s"] <= report["reset_p99_s"] <= report["reset_max_s"]
+    assert 0 < report["probe_p50_s"] <= report["reset_p50_s"]
+    assert report["boot_ready_p50_s"] > 0
+    assert report["reset_over_boot_p50"] > 0
