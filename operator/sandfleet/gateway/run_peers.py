@@ -87,12 +87,21 @@ class KubePeers:
     async def _list(self) -> list[str]:
         pods = f"/api/v1/namespaces/{self.namespace}/pods"
         if self._mine is None:
-            own = await self.kube().json("GET", f"{pods}/{self.me}")
+            try:
+                own = await self.kube().json("GET", f"{pods}/{self.me}")
+            except KubeError as error:
+                if error.status != 404:
+                    raise
+                own = {}  # not in a Pod of this namespace (run from a workstation): alone
             selector = replica_selector(own)
-            if selector is None:  # not run by the chart's Deployment: alone as far as we can tell
-                return []
-            self._mine = (selector, str((own.get("spec") or {}).get("serviceAccountName") or ""))
+            # Not run by the chart's Deployment: alone as far as we can tell, for good.
+            account = str((own.get("spec") or {}).get("serviceAccountName") or "")
+            self._mine = (selector or "", account)
+            if selector is None:
+                log.info("no gateway replicas to gather spans from: %s is no Pod of a Deployment", self.me)
         selector, account = self._mine
+        if not selector:
+            return []
         listed = await self.kube().json("GET", pods, query={"labelSelector": selector})
         return [
             f"http://{ip}:{self.port}" for ip in ready_replicas(listed.get("items", []), self.me, account)
