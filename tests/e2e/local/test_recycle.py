@@ -8,12 +8,15 @@ K-th episode's sandbox is destroyed; a reset that fails destroys the sandbox, ne
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from sandfleet.client import Fleet, LeaseEnded
 from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import image_key
 from sandfleet.core.recycle import RecyclePolicy, probe_problems
@@ -22,6 +25,7 @@ from sandfleet.gateway.local import LocalBackend
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox
 from sandfleet.local.tools import ImageRef
 from tests.e2e.local.conftest import host_debris, sh
+from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
 
@@ -197,3 +201,46 @@ async def test_a_reset_that_fails_destroys_the_sandbox_and_the_next_lease_gets_a
     async with fleet.agent(again_id, again) as agent:
         assert (await sh(agent, "ls /workspace"))["stdout"] == ""
     await fleet.release(again_id, again)
+
+
+def test_through_serve_local_the_run_s_next_lease_is_the_reset_sandbox(
+    runsc: Path, base_image: ImageRef, tmp_path: Path
+) -> None:
+    url, process, log = start_local_serve(tmp_path, extra_args=["--recycle-episodes", "3"])
+    try:
+        with Fleet(url, token="local-token") as fleet:
+            with fleet.lease("python", labels={"run": "r1"}, wait_seconds=60) as sandbox:
+                sandbox.write_file("marker.txt", "episode 1")
+                assert sandbox.exec(["cat", "marker.txt"]).stdout == "episode 1"
+                first = sandbox.lease.id
+            for _ in range(300):
+                if _sample(url, "sandfleet_sandbox_resets_total", result="recycled") == 1:
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the released sandbox was never reset")
+            booted = _sample(url, "sandfleet_sandbox_startup_seconds_count", phase="total")
+            with fleet.lease("python", labels={"run": "r1"}, wait_seconds=60) as sandbox:
+                assert sandbox.lease.id != first
+                # The reset sandbox serves it: no warm one was taken, so none is booted to refill
+                # (had a warm one served it, a refill would be ready within a second or two).
+                time.sleep(3)
+                assert _sample(url, "sandfleet_sandbox_startup_seconds_count", phase="total") == booted
+                # Through the gateway's proxy, with the token of the new lease's name.
+                listing = sandbox.exec(["ls", "-a", "/workspace"])
+                assert listing.ok
+                assert "marker.txt" not in listing.stdout
+            with pytest.raises(LeaseEnded):
+                fleet.renew(first)  # the last episode's lease id never reaches the next episode
+    finally:
+        # Its sandboxes are torn down with it (no leak: the in-process tests above check the host).
+        stop_local_serve(process, log)
+
+
+def _sample(url: str, name: str, **labels: str) -> float:
+    """One sample of the server's /metrics, by name and labels (0 when it is not exported)."""
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
