@@ -18,8 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 RUN = REPO / "bench" / "run"
 SVG = "{http://www.w3.org/2000/svg}"
-# Rows the runner checks: PRODUCT.md's table, burst p50 and p99 apart, first exec twice, batch twice.
-PRODUCT_TARGETS = 12
+# Rows the runner checks: PRODUCT.md's table, burst p50 and p99 apart, first exec twice, batch twice,
+# and replicas' throughput.
+PRODUCT_TARGETS = 13
 
 
 def run_bench(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
