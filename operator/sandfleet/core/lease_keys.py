@@ -16,6 +16,18 @@ def key_owner(holder: str, idempotency_key: str) -> KeyOwner:
     return (holder, idempotency_key)
 
 
+def still_to_claim(count: int, least: int, found: int) -> tuple[int, int]:
+    """What a retried acquire must still claim, (count, least), after adopting `found` live leases.
+
+    (0, 0) when what it found is at least its minimum: those are its answer. Fewer means no
+    attempt was ever answered with them (its replica died mid-claim, or some have ended since):
+    the retry keeps them and claims the rest, the minimum lowered by what it already holds.
+    """
+    if found >= least:
+        return (0, 0)
+    return (count - found, least - found)
+
+
 class LeaseKeys:
     """Sandboxes by the idempotency key of the lease on them, so a retried acquire is O(1), not a scan."""
 

@@ -12,10 +12,10 @@ import functools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
-from sandfleet.core.lease_keys import KeyOwner, key_owner
+from sandfleet.core.lease_keys import KeyOwner, key_owner, still_to_claim
 from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
 from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_plan
@@ -248,9 +248,9 @@ class LeaseService:
         shared = self._by_idempotency_key.get(key)
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
             earlier = await self._adopt(self._leases_with_key(request.idempotency_key or "", request.holder))
-            if earlier:  # a group's or a batch's: the same leases, however many are still live
-                return Granted(earlier, 0.0, 0.0, 0)
-            shared = _Shared(asyncio.ensure_future(self._acquire(request, shelf, ttl)))
+            if earlier and not still_to_claim(request.count, request.least, len(earlier))[0]:
+                return Granted(earlier, 0.0, 0.0, 0)  # a group's or a batch's: the same leases
+            shared = _Shared(asyncio.ensure_future(self._acquire_rest(request, shelf, ttl, earlier)))
             self._by_idempotency_key[key] = shared
             shared.task.add_done_callback(functools.partial(self._forget, key, shared))
         shared.callers += 1
@@ -279,6 +279,25 @@ class LeaseService:
             *(self.backend.write_lease(s, r) for (_, s), r in zip(found, renewed, strict=True))
         )
         return [(r, s) for r, s in zip(renewed, written, strict=True) if s is not None]
+
+    async def _acquire_rest(
+        self, request: LeaseRequest, shelf: Shelf, ttl: int, earlier: list[tuple[LeaseRecord, SandboxPod]]
+    ) -> Granted:
+        """Claim what a retry still lacks beyond the `earlier` leases it adopted (all of it if none).
+
+        Below its minimum, what it adopted was never answered to anyone (the first attempt's replica
+        died mid-claim): answering with it would break the minimum, so the rest is claimed under
+        the same key, and if that fails, what was adopted goes back warm with it.
+        """
+        if not earlier:
+            return await self._acquire(request, shelf, ttl)
+        count, least = still_to_claim(request.count, request.least, len(earlier))
+        try:
+            rest = await self._acquire(replace(request, count=count, min_count=least), shelf, ttl)
+        except BaseException:
+            await asyncio.shield(self._give_back(earlier))
+            raise
+        return replace(rest, leases=[*earlier, *rest.leases])
 
     def _forget(self, key: KeyOwner, shared: _Shared, _: object) -> None:
         if self._by_idempotency_key.get(key) is shared:

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
 from sandfleet.gateway.leasing import LeaseService, WaitTimeout
 from tests.support.backends import POOL, MemoryBackend, request
@@ -180,3 +181,52 @@ async def test_a_caller_who_leaves_a_batch_leaves_no_lease_behind() -> None:
     await asyncio.sleep(0.05)
     assert leased(backend) == set()
     assert service.waiting("python") == 0
+
+
+def claimed_by_a_dead_replica(backend: MemoryBackend, count: int, key: str) -> set[str]:
+    """Sandboxes leased under `key` by a first attempt whose replica died before answering."""
+    now = time.time()
+    for i in range(count):
+        backend.add(f"dead{i}")
+    ids = set()
+    for sandbox in [s for s in backend.items.values() if s.name.startswith("dead")]:
+        lease = LeaseRecord(sandbox.key, "python", "actor", now, now + 60, 60, idempotency_key=key)
+        backend.items.put(replace(sandbox, state=api.LEASE_LEASED, lease=lease))
+        ids.add(sandbox.key)
+    return ids
+
+
+async def test_a_retry_that_finds_fewer_than_its_minimum_keeps_them_and_claims_the_rest() -> None:
+    # Found in the fault suite: the retry was answered with the 27 claims it found, below its 150.
+    backend = MemoryBackend()
+    dead = claimed_by_a_dead_replica(backend, 3, "step-1")
+    warm(backend, 20)
+    service = LeaseService(backend)
+    granted = await service.acquire(request(count=10, min_count=6, wait_seconds=1, idempotency_key="step-1"))
+    ids = {lease.id for lease, _ in granted.leases}
+    assert len(ids) == len(granted.leases) == 10
+    assert dead <= ids  # what the first attempt claimed is kept, not stranded
+    assert all(lease.idempotency_key == "step-1" for lease, _ in granted.leases)
+    again = await service.acquire(request(count=10, min_count=6, wait_seconds=1, idempotency_key="step-1"))
+    assert {lease.id for lease, _ in again.leases} == ids  # and a later retry gets the same ten
+
+
+async def test_a_retry_at_or_above_its_minimum_gets_what_it_found_and_nothing_more() -> None:
+    backend = MemoryBackend()
+    dead = claimed_by_a_dead_replica(backend, 6, "step-1")
+    warm(backend, 20)
+    service = LeaseService(backend)
+    granted = await service.acquire(request(count=10, min_count=6, wait_seconds=1, idempotency_key="step-1"))
+    assert {lease.id for lease, _ in granted.leases} == dead
+    assert leased(backend) == dead
+
+
+async def test_a_retry_that_cannot_reach_its_minimum_gives_back_what_it_found_too() -> None:
+    backend = MemoryBackend()
+    claimed_by_a_dead_replica(backend, 2, "group-1")
+    warm(backend, 1)
+    service = LeaseService(backend)
+    with pytest.raises(WaitTimeout):  # a group of 5: 2 found, 1 warm, never whole
+        await service.acquire(request(count=5, wait_seconds=0.1, idempotency_key="group-1"))
+    await asyncio.sleep(0.05)
+    assert leased(backend) == set()  # all or nothing: the found leases went back warm as well
