@@ -10,10 +10,12 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from sandfleet_agent import reaper
+from sandfleet_agent import reaper, reset
 from sandfleet_agent.evaluate import HARBOR_SOLUTION_DIR, HARBOR_TESTS_DIR, default_logs_dir
 from sandfleet_agent.server import AgentConfig, AgentServer
 from sandfleet_agent.users import parse_identity
+
+RESET_ROOTS = ("/tmp", "/var/tmp", "/home", "/root", "/dev/shm")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -52,6 +54,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="an absolute directory besides --root that the files routes reach, root's and never the "
         "commands' user's (repeat; default: Harbor's /tests and /solution, and --logs-dir)",
+    )
+    parser.add_argument(
+        "--pristine-dir",
+        default=os.environ.get("SANDFLEET_AGENT_PRISTINE_DIR"),
+        help="copy the writable roots here (root only) at start, so POST /v1/reset can put them back "
+        "(for runtimes without checkpoint and restore); default: no reset",
     )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser.parse_args(argv)
@@ -98,6 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     if exec_user is not None and verifier_user is not None and exec_user.uid == verifier_user.uid:
         print("sandfleet-agent: the verifier must not run as the exec user", file=sys.stderr)
         return 2
+    roots = extra_roots(args.extra_root, Path(args.logs_dir))
+    pristine = Path(args.pristine_dir) if args.pristine_dir else None
+    # Everywhere the sandbox's users and the files routes can write (the rest of the image is root's).
+    reset_roots = (root, *(Path(p) for p in RESET_ROOTS), *roots)
+    if pristine is not None:
+        try:
+            reset.capture(reset_roots, pristine)
+        except OSError as error:
+            print(
+                f"sandfleet-agent: cannot copy the writable roots to --pristine-dir: {error}",
+                file=sys.stderr,
+            )
+            return 2
     config = AgentConfig(
         root=root,
         logs_dir=Path(args.logs_dir),
@@ -105,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         verbose=args.verbose,
         exec_user=exec_user,
         verifier_user=verifier_user,
-        extra_roots=extra_roots(args.extra_root, Path(args.logs_dir)),
+        extra_roots=roots,
+        pristine=pristine,
+        reset_roots=reset_roots,
     )
     try:
         server = AgentServer((args.host, args.port), config)

@@ -147,6 +147,11 @@ class JobTable:
         with self._lock:
             self._jobs.pop(job_id, None)
 
+    def forget_all(self) -> None:
+        """Forget every job (after a reset, the next episode starts with none)."""
+        with self._lock:
+            self._jobs.clear()
+
     def kill_all(self) -> None:
         """Kill every running job (the agent is shutting down)."""
         for job in self.all():

@@ -95,10 +95,12 @@ def tree_digest(root: Path) -> str:
 
 
 def _entry(digest: hashlib._Hash, name: str, info: os.stat_result, path: Path) -> None:
-    # A directory's own time changes when a file comes and goes again (a command's temporary
-    # file): what it holds is recorded entry by entry instead.
-    mtime = 0 if stat.S_ISDIR(info.st_mode) else info.st_mtime_ns
-    line = f"{name}\0{info.st_mode:o}\0{info.st_uid}\0{info.st_gid}\0{info.st_size}\0{mtime}"
+    # A directory's own time and size change when a file comes and goes again (a command's
+    # temporary file) or the directory is copied up into the overlay: what it holds is recorded
+    # entry by entry instead.
+    directory = stat.S_ISDIR(info.st_mode)
+    size, mtime = (0, 0) if directory else (info.st_size, info.st_mtime_ns)
+    line = f"{name}\0{info.st_mode:o}\0{info.st_uid}\0{info.st_gid}\0{size}\0{mtime}"
     digest.update(line.encode(errors="surrogateescape"))
     if stat.S_ISLNK(info.st_mode):
         digest.update(os.readlink(path).encode(errors="surrogateescape"))

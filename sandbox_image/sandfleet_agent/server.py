@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from sandfleet_agent import files, jobs, probe, process
+from sandfleet_agent import files, jobs, probe, process, reset, users
 from sandfleet_agent.errors import AgentError, bad_request, not_found
 from sandfleet_agent.evaluate import Verification, evaluate
 from sandfleet_agent.params import JsonObject, query_flag, query_int, required_query
@@ -51,6 +51,9 @@ class AgentConfig:
     verifier_user: Identity | None = None
     # Absolute directories besides the root that files routes reach (Harbor's /tests, /logs, /solution).
     extra_roots: tuple[Path, ...] = ()
+    # Where the writable roots were copied at start (POST /v1/reset puts them back); None: no reset.
+    pristine: Path | None = None
+    reset_roots: tuple[Path, ...] = ()
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -278,6 +281,35 @@ class AgentHandler(BaseHTTPRequestHandler):
             raise AgentError(HTTPStatus.CONFLICT, "no_token", "this agent serves without a token")
         self.server.config.token = token
         self._send_json(HTTPStatus.OK, {"rekeyed": True})
+
+    def reset(self, _: re.Match[str]) -> None:
+        """End every process of the sandbox's users and put the writable roots back as they were.
+
+        For runtimes that cannot restore a checkpoint (a Pod): the runtime probes the result and
+        rekeys the agent before the sandbox serves another episode.
+        """
+        config = self.server.config
+        who = [user for user in (config.exec_user, config.verifier_user) if user is not None]
+        if config.pristine is None or not who:
+            raise AgentError(
+                HTTPStatus.CONFLICT,
+                "reset_not_enabled",
+                "this agent resets only when started with --pristine-dir and --exec-user "
+                "(commands run as the agent itself cannot be told apart from it)",
+            )
+        started = time.monotonic()
+        self.server.jobs.kill_all()
+        self.server.jobs.forget_all()
+        survivors = [pid for user in who for pid in users.end_all_processes_of(user)]
+        if survivors:
+            raise AgentError(
+                HTTPStatus.SERVICE_UNAVAILABLE, "reset_failed", f"processes {survivors} survived the reset"
+            )
+        ended = time.monotonic()
+        reset.restore(config.reset_roots, config.pristine)
+        done = time.monotonic()
+        timings = {"kill_s": round(ended - started, 6), "restore_s": round(done - ended, 6)}
+        self._send_json(HTTPStatus.OK, {"reset": True, **timings})
 
     def probe(self, _: re.Match[str]) -> None:
         """What a reset probe compares with the golden sandbox's: processes, sockets, writable roots."""
@@ -545,6 +577,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ("POST", re.compile(r"/v1/evaluate"), AgentHandler.evaluate),
     ("POST", re.compile(r"/v1/rekey"), AgentHandler.rekey),
     ("POST", re.compile(r"/v1/probe"), AgentHandler.probe),
+    ("POST", re.compile(r"/v1/reset"), AgentHandler.reset),
 ]
 
 

@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sandfleet.client import Fleet, LeaseEnded
 from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import image_key
-from sandfleet.core.recycle import RecyclePolicy, probe_problems
+from sandfleet.core.recycle import Fingerprint, RecyclePolicy, fingerprint_from_json, probe_problems
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService
 from sandfleet.gateway.local import LocalBackend
-from sandfleet.local.runtime import LocalRuntime, RunscSandbox
+from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec
 from sandfleet.local.tools import ImageRef
 from tests.e2e.local.conftest import host_debris, sh
 from tests.support.servers import start_local_serve, stop_local_serve
@@ -244,3 +244,48 @@ def _sample(url: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+AGENT_RESET_ROOTS = [
+    "/workspace",
+    "/tmp",
+    "/var/tmp",
+    "/home",
+    "/root",
+    "/dev/shm",
+    "/logs",
+    "/tests",
+    "/solution",
+]
+
+
+async def test_the_agent_s_own_reset_ends_the_episode_s_processes_and_files(runtime: LocalRuntime) -> None:
+    """The Kubernetes path's reset (no checkpoint through a kubelet), proven in a local sandbox."""
+    sandbox = await runtime.create(
+        SandboxSpec(env={"SANDFLEET_AGENT_PRISTINE_DIR": "/var/lib/sandfleet-pristine"})
+    )
+    async with httpx.AsyncClient(
+        base_url=sandbox.url, headers=sandbox.headers, timeout=60, trust_env=False
+    ) as agent:
+
+        async def fingerprint() -> Fingerprint:
+            answer = await agent.post("/v1/probe", json={"roots": AGENT_RESET_ROOTS})
+            return fingerprint_from_json(answer.json())
+
+        clean = await fingerprint()
+        await sh(
+            agent,
+            "echo x > /workspace/marker && mkdir -p ~/.cache && echo y > ~/.cache/z && ln -s /etc /tmp/l",
+        )
+        await sh(agent, "mkfifo /tmp/fifo")
+        assert (await agent.post("/v1/jobs", json={"argv": ["python3", "-c", LISTENER]})).status_code == 201
+        await sh(agent, "nohup sleep 1000 > /dev/null 2>&1 &")
+        assert probe_problems(clean, await fingerprint(), runtime.agent_port)
+        # The sandbox user cannot read the pristine copy (only root can).
+        peek = await sh(agent, "ls /var/lib/sandfleet-pristine")
+        assert peek["exit_code"] != 0
+        reset = await agent.post("/v1/reset")
+        assert reset.status_code == 200, reset.text
+        assert probe_problems(clean, await fingerprint(), runtime.agent_port) == []
+        assert (await sh(agent, "ls -a /workspace /tmp"))["stdout"].count("marker") == 0
+        assert (await agent.get("/v1/jobs")).json()["jobs"] == []

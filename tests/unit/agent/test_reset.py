@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +71,41 @@ def test_probe_roots_are_validated(keyed: Agent, roots: object) -> None:
     refused = keyed.client.post("/v1/probe", json={"roots": roots}, headers=bearer(GOLDEN))
     assert refused.status_code == 400
     assert "absolute paths" in refused.json()["error"]["message"]
+
+
+def test_a_reset_is_refused_unless_the_agent_was_started_for_it(keyed: Agent) -> None:
+    # Started without --pristine-dir (and running commands as itself): nothing to reset to.
+    refused = keyed.client.post("/v1/reset", headers=bearer(GOLDEN))
+    assert refused.status_code == 409
+    assert "--pristine-dir" in refused.json()["error"]["message"]
+    assert keyed.client.post("/v1/reset").status_code == 401
+
+
+def test_restore_puts_every_root_back_as_captured_without_following_links(tmp_path: Path) -> None:
+    from sandfleet_agent import reset
+    from sandfleet_agent.probe import tree_digest
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not ours")
+    root = tmp_path / "workspace"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "main.py").write_text("print(1)\n")
+    (root / "link").symlink_to("src/main.py")
+    os.chmod(root / "src" / "main.py", 0o640)
+    pristine = tmp_path / "pristine"
+    reset.capture((root, tmp_path / "missing"), pristine)
+    before = tree_digest(root)
+    assert stat.S_IMODE(os.stat(pristine).st_mode) == 0o700
+
+    # An episode: edits, new files, a fifo, links out of the root, a deleted file.
+    (root / "src" / "main.py").write_text("print(2)\n")
+    (root / "new").mkdir()
+    (root / "new" / "deep").write_text("x")
+    os.mkfifo(root / "fifo")
+    (root / "escape").symlink_to(outside)
+    (root / "link").unlink()
+    assert tree_digest(root) != before
+    reset.restore((root, tmp_path / "missing"), pristine)
+    assert tree_digest(root) == before
+    assert (outside / "keep").read_text() == "not ours"  # nothing followed out of the root
