@@ -1,0 +1,438 @@
+"""kill -9 of a gateway replica in the middle of a 1,000-lease batch; its callers retry elsewhere.
+
+A fleet of its own in the fault cluster: a pool of SIZE warm sandboxes (1,000 by default,
+SANDFLEET_FAULT_BATCH_SIZE=N for another size), one operator and 3 gateway replicas. Four callers
+(tenants of their own) each ask one replica for a batch of SIZE/4 with a minimum and an
+idempotency key; once the Pods show claims under the keys of the replica serving two of them,
+that replica is SIGKILLed, and its callers retry the same request at a live replica. The Pods are
+the truth (there is no ledger yet): every caller holds at least its minimum or got the documented
+504, no Pod is held by two callers, every leased Pod is held by a caller who knows it or is a
+claim the dead replica made that no caller received (docs/gateway.md: the retry window), bounded
+by what it was claiming, expiring at its TTL and reaped; then the invariants over the whole run.
+
+The sandboxes have no agent (readiness.py): a thousand agent processes do not fit on the small
+machines this runs on, and the test never touches the data plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandfleet.client import AsyncFleet, Lease, SandfleetError
+from sandfleet.core import api
+from tests.integration.faults.conftest import (
+    REAP_SECONDS,
+    REGIONS,
+    SANDFLEET,
+    FaultCluster,
+    Replica,
+)
+from tests.integration.faults.kubeapi import KubeApi
+from tests.integration.faults.readiness import ReadinessKubelet
+from tests.integration.faults.truth import PodRecorder
+from tests.support.agent_key import fleet_key_file
+from tests.support.invariants import Call, ClientLease, check_history
+from tests.support.kube import Kubectl, wait_until
+from tests.support.servers import wait_until_ready
+
+pytestmark = pytest.mark.cluster
+
+POOL = "batch"
+SIZE = int(os.environ.get("SANDFLEET_FAULT_BATCH_SIZE", "1000"))
+CALLERS = 4
+COUNT = SIZE // CALLERS
+MIN_COUNT = COUNT * 3 // 5
+# The batches' leases must outlast the batch phase and the 1,000 releases after it (12-25 s and
+# 5-40 s measured on 2 busy cores); the dead replica's unheld claims end at it, so it bounds the test.
+TTL = 90
+WAIT = 10.0  # each batch's wait_seconds: a retry short of its count waits all of it
+# A caller's own bound on its acquire, retries included: one attempt may take the gateway's 30 s
+# apiserver timeout and end in a 503, which the contract says to retry elsewhere.
+ANSWER_SECONDS = 90.0
+KILL_AFTER = max(COUNT // 20, 1)  # claims seen on the Pods under the victim's keys before the kill
+# Regions weighted to what the fault cluster's nodes hold (asia-southeast1's take 64 Pods each).
+WEIGHTS = {"us-east1": 2, "europe-west4": 2, "asia-southeast1": 1}
+# The operator reaps a released Pod within REAP_SECONDS; SIZE of them released at once also wait
+# for the deletions ahead of them: 1 s more per 100 (measured: 41 of 1,000 took 12.4-16.9 s).
+BURST_REAP_SECONDS = REAP_SECONDS + SIZE / 100
+# Clear of the session fleet's gateways (18090...) and operators (18100...).
+GATEWAY_PORTS = (18093, 18094, 18095)
+OPERATOR_METRICS_PORT = 18104
+
+
+@dataclass
+class BatchFleet:
+    """One namespace: the big pool, its operator, 3 gateways, the readiness kubelet and a recorder."""
+
+    cluster: FaultCluster
+    namespace: str
+    kube_api: KubeApi
+    recorder: PodRecorder
+    kubelet: ReadinessKubelet
+    operator: Replica
+    gateways: list[Replica]
+    tokens: list[str]
+
+    @property
+    def kube(self) -> Kubectl:
+        return self.cluster.kubectl.in_namespace(self.namespace)
+
+    def pods(self) -> list[dict[str, Any]]:
+        listed = self.kube_api.get(f"/api/v1/namespaces/{self.namespace}/pods", labelSelector=api.POOL_LABEL)
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items
+
+    def warm(self) -> int:
+        ready_nodes = self.cluster.ready_nodes()
+        count = 0
+        for pod in self.pods():
+            metadata, status = pod["metadata"], pod.get("status") or {}
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+            )
+            free = metadata["labels"].get(api.LEASE_STATE_LABEL, api.LEASE_FREE) == api.LEASE_FREE
+            placed = pod["spec"].get("nodeName") in ready_nodes
+            count += ready and free and placed and not metadata.get("deletionTimestamp")
+        return count
+
+
+def _gateway(index: int, namespace: str, workdir: Path) -> Replica:
+    port = GATEWAY_PORTS[index]
+    argv = [
+        str(SANDFLEET), "gateway", "--host", "127.0.0.1", "--port", str(port), "-n", namespace,
+        "--auth", "static", "--token-file", str(workdir / "tokens"), "--max-waiting", "200",
+        "--agent-key-file", str(fleet_key_file(workdir)),
+    ]  # fmt: skip
+    return Replica(f"batch-gateway-{index}", argv, workdir / f"batch-gateway-{index}.log", port)
+
+
+@pytest.fixture(scope="module")
+def batch_fleet(
+    fault_cluster: FaultCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BatchFleet]:
+    namespace = f"faults-batch-{uuid.uuid4().hex[:6]}"
+    kubectl = fault_cluster.kubectl
+    kubectl("create", "namespace", namespace)
+    workdir = tmp_path_factory.mktemp("faults-batch")
+    tokens = [f"batch-token-{i}" for i in range(CALLERS)]
+    (workdir / "tokens").write_text("".join(f"{t} caller-{i} {POOL}\n" for i, t in enumerate(tokens)))
+    total_weight = sum(WEIGHTS.values())
+    # Capped at SIZE in all (rounded up per region): nothing refills behind the batches.
+    caps = {r: -(-SIZE * WEIGHTS[r] // total_weight) for r in REGIONS}
+    regions = [{"name": r, "weight": WEIGHTS[r], "maxSandboxes": caps[r]} for r in REGIONS]
+    kubectl.in_namespace(namespace).apply(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.POOL_KIND,
+            "metadata": {"name": POOL},
+            "spec": {
+                "replicas": SIZE,
+                "regions": regions,
+                "template": {"image": "sandfleet/sandbox:0.1.0", "imagePullPolicy": "Never"},
+                "lease": {"defaultTTLSeconds": TTL, "maxTTLSeconds": TTL},
+            },
+        }
+    )
+    local = fault_cluster.local
+    kube_api = KubeApi(local.server_url, local.pki.directory)
+    recorder = PodRecorder(kube_api, namespace)
+    kubelet = ReadinessKubelet(KubeApi(local.server_url, local.pki.directory), namespace)
+    operator = Replica(
+        "batch-operator",
+        [str(SANDFLEET), "operator", "-n", namespace, "--metrics-port", str(OPERATOR_METRICS_PORT),
+         "--agent-key-file", str(fleet_key_file(workdir))],
+        workdir / "batch-operator.log",
+        OPERATOR_METRICS_PORT,
+    )  # fmt: skip
+    gateways = [_gateway(i, namespace, workdir) for i in range(len(GATEWAY_PORTS))]
+    fleet = BatchFleet(fault_cluster, namespace, kube_api, recorder, kubelet, operator, gateways, tokens)
+    env = {**os.environ, "KUBECONFIG": str(local.kubeconfig)}
+    recorder.start()
+    kubelet.start()
+    try:
+        for replica in [operator, *gateways]:
+            replica.start(env)
+        for gateway in gateways:
+            assert gateway.process is not None
+            wait_until_ready(gateway.url, gateway.process, gateway.log, 60, f"{gateway.name} to be ready")
+        yield fleet
+    finally:
+        for replica in [*gateways, operator]:
+            replica.stop()
+        kubelet.stop()
+        recorder.stop()
+        kubelet.kube.close()
+        kube_api.close()
+        kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+# -- the callers ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Attempt:
+    replica: int
+    started: float
+    ended: float
+    status: int | None = None  # an HTTP error's status; None on success or with no answer
+    code: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Caller:
+    """One tenant asking for one batch, first at `first`, retrying elsewhere with the same key."""
+
+    index: int
+    token: str
+    first: int
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    attempts: list[Attempt] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
+    granted_at: float = 0.0
+    error: SandfleetError | None = None
+
+    @property
+    def cut_off(self) -> bool:
+        """A connection to the killed replica broke before it answered."""
+        return any(a.status is None and a.code for a in self.attempts)
+
+
+def _next_replica(gateways: list[Replica], caller: Caller, failed: int) -> int:
+    alive = [i for i, g in enumerate(gateways) if g.alive and i != failed]
+    assert alive, "no gateway replica is left to retry at"
+    return alive[caller.index % len(alive)]
+
+
+async def _ask(fleet: BatchFleet, caller: Caller) -> None:
+    """The documented contract: a broken connection or a 503 is retried, same key, at another replica."""
+    replica = caller.first
+    deadline = time.monotonic() + ANSWER_SECONDS
+    while time.monotonic() < deadline:
+        started = time.time()
+        url = fleet.gateways[replica].url
+        async with AsyncFleet(url, token=caller.token, timeout=WAIT + 30, retries=0) as f:
+            try:
+                caller.leases = await f.acquire(
+                    POOL, count=COUNT, min_count=MIN_COUNT, wait_seconds=WAIT, ttl_seconds=TTL,
+                    idempotency_key=caller.key, labels={"run": f"batch-kill-{caller.index}"},
+                )  # fmt: skip
+            except SandfleetError as error:
+                caller.attempts.append(
+                    Attempt(replica, started, time.time(), error.status, error.code, error.detail)
+                )
+                if error.status != 503:
+                    caller.error = error
+                    return
+            except httpx.TransportError as error:
+                caller.attempts.append(Attempt(replica, started, time.time(), code=type(error).__name__))
+            else:
+                caller.granted_at = time.time()
+                caller.attempts.append(Attempt(replica, started, caller.granted_at))
+                return
+        replica = _next_replica(fleet.gateways, caller, replica)
+        await asyncio.sleep(0.2)
+    raise AssertionError(
+        f"caller {caller.index} had no answer within {ANSWER_SECONDS:.0f}s: {caller.attempts}\n"
+        + _logs(fleet)
+    )
+
+
+def _logs(fleet: BatchFleet) -> str:
+    return "\n".join(f"--- {g.name}\n{g.log_tail()}" for g in fleet.gateways)
+
+
+def _claims_under(fleet: BatchFleet, keys: set[str]) -> int:
+    return sum(1 for pod in fleet.recorder.snapshot() for lease in pod.leases if lease.key in keys)
+
+
+async def _kill_mid_batch(fleet: BatchFleet, victim: int, callers: list[Caller]) -> tuple[float, int]:
+    """SIGKILL the victim once the Pods carry KILL_AFTER of its callers' claims; (when, claims seen)."""
+    keys = {c.key for c in callers if c.first == victim}
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        answered = [c.attempts for c in callers if c.first == victim and c.attempts]
+        assert len(answered) < len(keys), (
+            f"the victim answered its callers before the kill: {answered}\n{_logs(fleet)}"
+        )
+        claimed = _claims_under(fleet, keys)
+        if claimed >= KILL_AFTER:
+            killed_at = time.time()
+            await asyncio.to_thread(fleet.gateways[victim].kill9)
+            return killed_at, claimed
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the victim's callers never had {KILL_AFTER} claims on the Pods\n{_logs(fleet)}")
+
+
+async def _batches(fleet: BatchFleet, victim: int) -> tuple[list[Caller], float, int]:
+    callers = [Caller(i, fleet.tokens[i], i % len(fleet.gateways)) for i in range(CALLERS)]
+    killer = asyncio.ensure_future(_kill_mid_batch(fleet, victim, callers))
+    await asyncio.gather(*(_ask(fleet, c) for c in callers))
+    killed_at, claimed = await killer
+    return callers, killed_at, claimed
+
+
+async def _release_all(fleet: BatchFleet, callers: list[Caller]) -> list[ClientLease]:
+    """Every lease a caller holds, released at a live replica; the client's record of each."""
+    records = []
+    gate = asyncio.Semaphore(64)
+    alive = [g for g in fleet.gateways if g.alive]
+
+    async def release(f: AsyncFleet, caller: Caller, lease: Lease) -> None:
+        record = ClientLease(caller.key, lease.sandbox, caller.granted_at, lease.expires_at)
+        records.append(record)
+        async with gate:
+            started = time.time()
+            try:
+                released = await f.release(lease.id)
+            except SandfleetError as error:
+                record.calls.append(
+                    Call("release", started, time.time(), ok=False, status=error.status, code=error.code,
+                         detail=error.detail)
+                )  # fmt: skip
+            else:
+                record.calls.append(Call("release", started, time.time(), ok=True, released=released))
+
+    fleets = [
+        [AsyncFleet(alive[i % len(alive)].url, token=c.token, timeout=30) for i in range(len(alive))]
+        for c in callers
+    ]
+    try:
+        await asyncio.gather(
+            *(
+                release(fleets[c.index][n % len(alive)], c, lease)
+                for c in callers
+                for n, lease in enumerate(c.leases)
+            )
+        )
+    finally:
+        for row in fleets:
+            for f in row:
+                await f.__aexit__()
+    return records
+
+
+def _leased_pods(fleet: BatchFleet) -> dict[str, dict[str, Any]]:
+    """Pod name -> its lease record, for every live Pod leased now (the truth)."""
+    leased = {}
+    for pod in fleet.pods():
+        metadata = pod["metadata"]
+        state = metadata["labels"].get(api.LEASE_STATE_LABEL)
+        if state != api.LEASE_LEASED or metadata.get("deletionTimestamp"):
+            continue
+        leased[metadata["name"]] = json.loads(metadata["annotations"][api.LEASE_ANNOTATION])
+    return leased
+
+
+# -- the test ---------------------------------------------------------------------------------------
+
+
+def test_kill_9_of_a_replica_mid_batch_every_caller_gets_its_leases_or_a_clear_error(
+    batch_fleet: BatchFleet,
+) -> None:
+    fleet = batch_fleet
+    began = time.monotonic()
+    wait_until(lambda: fleet.warm() >= SIZE, 300, f"{SIZE} warm sandboxes", 1.0)
+    filled = time.monotonic() - began
+    print(f"pool filled to {SIZE} warm in {filled:.1f}s", flush=True)
+    started = time.time()
+    victim = 0
+    callers, killed_at, claimed_at_kill = asyncio.run(_batches(fleet, victim))
+    batch_seconds = time.time() - started
+    victims = [c for c in callers if c.first == victim]
+    print(
+        f"batches over in {batch_seconds:.1f}s; killed {fleet.gateways[victim].name} at "
+        f"+{killed_at - started:.2f}s with {claimed_at_kill} claims of its callers on the Pods",
+        flush=True,
+    )
+    for caller in callers:
+        print(f"caller {caller.index}: {len(caller.leases)} leases, attempts {caller.attempts}", flush=True)
+    assert any(c.cut_off for c in victims), "the kill landed after the victim had answered: not mid-batch"
+
+    # Each caller holds at least its minimum, or got the documented end of a wait.
+    for caller in callers:
+        if caller.error is None:
+            assert MIN_COUNT <= len(caller.leases) <= COUNT, (
+                f"caller {caller.index} was granted {len(caller.leases)}, outside [{MIN_COUNT}, {COUNT}]"
+            )
+        else:
+            error = caller.error
+            assert (error.status, error.code) == (504, "no_sandbox_in_time"), (
+                f"caller {caller.index} got {error.status} {error.code}: {error.detail}"
+            )
+            assert error.detail.strip(), f"caller {caller.index}'s {error.code} says nothing"
+            assert not caller.leases
+    assert any(c.leases for c in victims) or all(c.error for c in victims)
+
+    # The Pods are the truth: nobody holds a Pod another caller holds, or one not leased to it.
+    truth = _leased_pods(fleet)
+    held: dict[str, int] = {}
+    for caller in callers:
+        for lease in caller.leases:
+            assert lease.sandbox not in held, (
+                f"pod {lease.sandbox} is held by callers {held[lease.sandbox]} and {caller.index}"
+            )
+            held[lease.sandbox] = caller.index
+            record = truth.get(lease.sandbox)
+            assert record is not None, f"caller {caller.index}'s lease on {lease.sandbox} is not on its Pod"
+            assert record["idempotency_key"] == caller.key, (
+                f"pod {lease.sandbox} carries {record['idempotency_key']}, not caller {caller.index}'s key"
+            )
+    # A leased Pod nobody holds is a claim the dead replica wrote that its callers' retries did not
+    # find (the documented window): bounded by what it was claiming, and it ends at its TTL.
+    victim_keys = {c.key for c in victims}
+    unheld = {name: record for name, record in truth.items() if name not in held}
+    for name, record in unheld.items():
+        assert record["idempotency_key"] in victim_keys, f"pod {name} is leased to nobody who knows: {record}"
+        assert record["acquired_at"] <= killed_at + 1.0, f"pod {name} was claimed after the kill: {record}"
+    for caller in victims:
+        # What the dead replica claimed for this caller: the unheld claims and those its retry adopted.
+        adopted = [lease for lease in caller.leases if truth[lease.sandbox]["acquired_at"] <= killed_at]
+        stranded = [name for name, record in unheld.items() if record["idempotency_key"] == caller.key]
+        assert len(stranded) + len(adopted) <= COUNT, (
+            f"caller {caller.index}: {len(stranded)} unheld and {len(adopted)} adopted claims"
+        )
+    print(f"{len(held)} leases held by their callers, {len(unheld)} unheld claims of the dead replica")
+
+    # Nothing refills behind the releases (the regions' maxSandboxes kept it from refilling so far).
+    fleet.kube("patch", "sandboxpool", POOL, "--type=merge", "-p", json.dumps({"spec": {"replicas": 0}}))
+    releasing = time.time()
+    records = asyncio.run(_release_all(fleet, callers))
+    print(f"{len(records)} releases from +{releasing - started:.1f}s to +{time.time() - started:.1f}s")
+    assert all(r.calls and r.calls[0].ok and r.calls[0].released for r in records), [
+        r.calls for r in records if not (r.calls and r.calls[0].ok and r.calls[0].released)
+    ]
+
+    def quiet() -> bool:
+        return not any(
+            p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) != api.LEASE_FREE for p in fleet.pods()
+        )
+
+    wait_until(quiet, TTL + BURST_REAP_SECONDS + 30, "every lease ended and its Pod reaped", 1.0)
+    time.sleep(1.0)  # the recorder's watch catches up with the last deletions
+    pods = fleet.recorder.snapshot(since=started)
+    violations = check_history(
+        records,
+        pods,
+        [],
+        now=time.time(),
+        reap_seconds=BURST_REAP_SECONDS,
+        gaps=fleet.recorder.gaps_since(started),
+    )
+    assert not violations, "invariants broken:\n" + "\n".join(violations[:40])
+    print(
+        f"batch fault run: fill {filled:.1f}s, batches {batch_seconds:.1f}s, "
+        f"all over {time.time() - started:.1f}s after the batches began",
+        flush=True,
+    )
