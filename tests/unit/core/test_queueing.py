@@ -104,6 +104,7 @@ def test_serve_order_leaves_nothing_warm_that_someone_could_take(
 
 # -- batches (up to `missing`, any number accepted) beside whole requests ----------------------------
 
+
 # Queues in arrival order: each waiter has waited no longer than those ahead of it.
 def in_arrival_order(waiters: list[tuple[int, float, bool]]) -> list[tuple[int, float, bool]]:
     waits = sorted((waited for _, waited, _ in waiters), reverse=True)
