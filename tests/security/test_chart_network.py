@@ -82,9 +82,12 @@ def test_gateway_admits_only_labelled_clients_and_the_charts_own_pods() -> None:
     assert admitted(pod_templates(docs)["sandfleet-test-lease"]["metadata"]["labels"])
     assert not admitted({"app": "anything-else"})
     assert not admitted({})
-    # Nobody to admit: no ingress rule at all, never an empty one (which would admit everyone).
+    # No clients to admit: only the gateway's own replicas (a run's profile gathers their spans),
+    # never an empty peer list (which would admit everyone).
     closed = render("--set", "tests.enabled=false", "--set", "networkPolicy.gatewayFrom=null")
-    assert named(closed, "NetworkPolicy", "sandfleet-gateway")["spec"]["ingress"] == []
+    (only,) = named(closed, "NetworkPolicy", "sandfleet-gateway")["spec"]["ingress"]
+    gateway = named(closed, "Deployment", "sandfleet-gateway")["spec"]["selector"]["matchLabels"]
+    assert [peer["podSelector"]["matchLabels"] for peer in only["from"]] == [gateway]
 
 
 def test_gateway_accepts_only_tokens_minted_for_it_by_default() -> None:
