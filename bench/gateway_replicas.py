@@ -6,8 +6,8 @@ that each try the oldest warm Pods first (`--no-share-warm`, how every replica b
 configuration it reports the burst's p50/p99 and throughput, the apiserver's own count of Pod
 patches per lease and how many of them were 409 conflicts (machine-independent), and the CPU of
 the gateways, the apiserver and the load generator, so the load generator is not what is measured
-(one client process per replica). Medians over `--repeats` fresh bursts. Prints progress, then one
-JSON object as its last line.
+(three client processes in every configuration). Medians over `--repeats` fresh bursts. Prints
+progress, then one JSON object as its last line.
 
     .venv/bin/python bench/gateway_replicas.py            # full: 300-lease bursts, 3 repeats
     .venv/bin/python bench/gateway_replicas.py --short    # CI: 90-lease bursts, 1 repeat
@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_leases import TOKEN, Bench, cpu_seconds, percentile
 
+CLIENT_PROCESSES = 3
 CONFIGS = {"1 gateway": (1, True), "3 gateways, racing": (3, False), "3 gateways, sharing": (3, True)}
 
 
@@ -73,7 +74,7 @@ def cpu_now() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def client_process(url: str, count: int, start_at: float, out: Any) -> None:
+def client_process(url: str, count: int, start_at: float, run: str, out: Any) -> None:
     """`count` concurrent acquires at one gateway, fired at `start_at`.
 
     Puts (latencies ms, when each ended, when the first was sent, CPU seconds of the acquires alone).
@@ -81,7 +82,7 @@ def client_process(url: str, count: int, start_at: float, out: Any) -> None:
     cpu = [0.0]
     first_sent = [0.0]
 
-    async def run() -> tuple[list[float], list[float]]:
+    async def acquire_all() -> tuple[list[float], list[float]]:
         limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
@@ -91,33 +92,46 @@ def client_process(url: str, count: int, start_at: float, out: Any) -> None:
 
             async def one() -> tuple[float, float]:
                 started = time.perf_counter()
-                response = await client.post("/v1/leases", json={"pool": "bench", "wait_seconds": 60})
+                body = {"pool": "bench", "wait_seconds": 60, "labels": {"run": run}}
+                response = await client.post("/v1/leases", json=body)
                 if response.status_code != 201:
-                    raise SystemExit(f"acquire failed: {response.status_code} {response.text}")
+                    raise RuntimeError(f"acquire failed: {response.status_code} {response.text}")
                 return (time.perf_counter() - started) * 1000, time.time()
 
             done = await asyncio.gather(*(one() for _ in range(count)))
             cpu[0] = cpu_now() - cpu[0]
         return [d[0] for d in done], [d[1] for d in done]
 
-    latencies, ends = asyncio.run(run())
+    try:
+        latencies, ends = asyncio.run(acquire_all())
+    except Exception as error:  # the parent says what went wrong instead of waiting for a result
+        out.put(f"{url}: {error}")
+        return
     out.put((latencies, ends, first_sent[0], cpu[0]))
 
 
-def one_burst(bench: Bench, urls: list[str], size: int) -> dict[str, Any]:
-    """`size` acquires spread evenly over `urls`, each gateway fed by its own client process."""
+def one_burst(urls: list[str], size: int, run: str) -> dict[str, Any]:
+    """`size` acquires spread evenly over `urls` by CLIENT_PROCESSES client processes.
+
+    The same number whatever the replicas, so the load generator's own parallelism is not what differs.
+    """
     start_at = time.time() + 3.0  # every client has connected by then (else it starts late, measured)
     queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
-    shares = [size // len(urls) + (i < size % len(urls)) for i in range(len(urls))]
+    shares = [size // CLIENT_PROCESSES + (i < size % CLIENT_PROCESSES) for i in range(CLIENT_PROCESSES)]
     clients = [
-        multiprocessing.Process(target=client_process, args=(url, share, start_at, queue))
-        for url, share in zip(urls, shares, strict=True)
+        multiprocessing.Process(
+            target=client_process, args=(urls[i % len(urls)], share, start_at, run, queue)
+        )
+        for i, share in enumerate(shares)
     ]
     for client in clients:
         client.start()
     results = [queue.get(timeout=300) for _ in clients]
     for client in clients:
         client.join(timeout=30)
+    failures = [result for result in results if isinstance(result, str)]
+    if failures:
+        raise SystemExit("; ".join(failures))
     latencies = [ms for result in results for ms in result[0]]
     wall = max(end for result in results for end in result[1]) - min(result[2] for result in results)
     return {
@@ -147,8 +161,14 @@ def measure(bench: Bench, name: str, replicas: int, share: bool, size: int, roun
     cpu_before = [cpu_seconds(pid) for pid in pids], cpu_seconds(apiserver)
     patches_before = pod_patches(bench)
     log(f"{name}: burst of {size} acquires")
-    burst = one_burst(bench, urls, size)
+    run = f"bench-{prefix}"  # released together afterwards, so no round adds to the tenant's quota
+    burst = one_burst(urls, size, run)
     patches_after = pod_patches(bench)
+    released = httpx.post(
+        f"{urls[0]}/v1/runs/{run}/release", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120
+    )
+    if released.status_code != 200:
+        raise SystemExit(f"releasing run {run}: {released.status_code} {released.text}")
     gateway_cpu = sum(cpu_seconds(pid) for pid in pids) - sum(cpu_before[0])
     apiserver_cpu = cpu_seconds(apiserver) - cpu_before[1]
     for process in started:
