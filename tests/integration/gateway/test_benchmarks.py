@@ -33,6 +33,6 @@ def test_gateway_replicas_short() -> None:
         assert figures["leases_per_s"] > 0
         # Every lease is at least its own claim patch; conflicts are the wasted ones on top.
         assert figures["pod_patches_per_lease"] >= 1
-        assert figures["pod_patches_per_lease"] - figures["conflicts_per_lease"] >= 1
+        assert figures["pod_patches_per_lease"] - figures["conflicts_per_lease"] >= 1 - 1e-9  # rounded
         assert figures["client_cpu_ms_per_lease"] > 0
     assert report["throughput_3_sharing_over_1"] > 0
