@@ -77,7 +77,8 @@ def cpu_now() -> float:
 def client_process(url: str, count: int, start_at: float, run: str, out: Any) -> None:
     """`count` concurrent acquires at one gateway, fired at `start_at`.
 
-    Puts (latencies ms, when each ended, when the first was sent, CPU seconds of the acquires alone).
+    Puts (latencies ms, when each ended, when the first was sent, CPU seconds of the acquires alone,
+    the gateway's url).
     """
     cpu = [0.0]
     first_sent = [0.0]
@@ -107,7 +108,7 @@ def client_process(url: str, count: int, start_at: float, run: str, out: Any) ->
     except Exception as error:  # the parent says what went wrong instead of waiting for a result
         out.put(f"{url}: {error}")
         return
-    out.put((latencies, ends, first_sent[0], cpu[0]))
+    out.put((latencies, ends, first_sent[0], cpu[0], url))
 
 
 def one_burst(urls: list[str], size: int, run: str) -> dict[str, Any]:
@@ -133,12 +134,18 @@ def one_burst(urls: list[str], size: int, run: str) -> dict[str, Any]:
     if failures:
         raise SystemExit("; ".join(failures))
     latencies = [ms for result in results for ms in result[0]]
+    # results arrive in any order; each client's url is its replica (urls[i % len(urls)])
+    by_replica: dict[str, list[float]] = {}
+    for result in results:
+        by_replica.setdefault(result[4], []).extend(result[0])
+    replica_p50s = [statistics.median(ms) for ms in by_replica.values()]
     wall = max(end for result in results for end in result[1]) - min(result[2] for result in results)
     return {
         "latencies": latencies,
         "leases_per_s": size / wall,
         "client_cpu_s": sum(result[3] for result in results),
         "late_start_s": max(result[2] for result in results) - start_at,
+        "replica_p50_spread": max(replica_p50s) / min(replica_p50s),
     }
 
 
@@ -188,6 +195,9 @@ def measure(bench: Bench, name: str, replicas: int, share: bool, size: int, roun
         "apiserver_cpu_ms_per_lease": apiserver_cpu / size * 1000,
         "client_cpu_ms_per_lease": burst["client_cpu_s"] / size * 1000,
         "late_start_s": burst["late_start_s"],  # the last client process's lateness: should be ~0
+        # Fairness across replicas: the slowest replica's p50 over the fastest's (1.0: it does not
+        # matter which one a caller reached).
+        "replica_p50_spread": burst["replica_p50_spread"],
         "load_average_1m": os.getloadavg()[0],
     }
 

@@ -85,6 +85,29 @@ def phase_requests(before: RequestCounts, after: RequestCounts, seconds: float) 
     }
 
 
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
+
+
+def episode_writes(before: RequestCounts, after: RequestCounts, episodes: int) -> dict[str, Any]:
+    """Write requests the apiserver served per leased episode, by everyone (lease, release, refill).
+
+    Counted from its own apiserver_request_total between the clients' start and the pool's refill:
+    the gateway's claim and release patches, the operator's deletes and creates, the scheduler's
+    bindings, the simulated kubelets' status writes, events and leader-lease renewals alike.
+    """
+    writes = {
+        key: count
+        for key, count in request_delta(before, after).items()
+        if key.split(" ", 1)[0] in WRITE_VERBS
+    }
+    return {
+        "episodes": episodes,
+        "writes": sum(writes.values()),
+        "writes_per_episode": round(sum(writes.values()) / max(episodes, 1), 2),
+        "by_verb_resource": writes,
+    }
+
+
 FLEET_RESOURCES = ("pods", "nodes", "sandboxpools", "sandboxprewarms", "leases", "configmaps")
 
 
@@ -287,6 +310,13 @@ def main() -> None:
                     interval=1.0,
                 )
                 refill_seconds = refilled - refill_started
+                requests_refilled, _ = apiserver_requests(cluster)
+                writes = episode_writes(requests_gw_before, requests_refilled, client_report["leases"])
+                log(
+                    "scale",
+                    f"{writes['writes_per_episode']} apiserver writes per episode (lease, release, refill): "
+                    f"{writes['by_verb_resource']}",
+                )
                 _, final_peak = operator.memory_mb()
             except SystemExit:
                 log("scale", "operator log tail:\n" + operator.log_path.read_text(errors="replace")[-3000:])
@@ -322,6 +352,8 @@ def main() -> None:
                 "target_rss_mb": TARGET_RSS_MB,
                 "meets_target": peak <= TARGET_RSS_MB,
                 "apiserver": phases,
+                "apiserver_writes_per_episode": writes["writes_per_episode"],
+                "apiserver_writes_per_episode_by_verb_resource": writes["by_verb_resource"],
                 "watches_open": fleet_watches(watches_gw),
                 "watches_open_before_gateway": fleet_watches(watches_open),
                 "load_average_1m": {

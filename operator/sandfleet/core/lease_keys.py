@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod
 
 KeyOwner = tuple[str, str]  # (holder, idempotency key)
@@ -26,6 +29,27 @@ def still_to_claim(count: int, least: int, found: int) -> tuple[int, int]:
     if found >= least:
         return (0, 0)
     return (count - found, least - found)
+
+
+def adoptable(leases: Sequence[LeaseRecord], count: int, least: int) -> list[LeaseRecord]:
+    """Which of a key's live leases a retry takes over: an answer already given, or what no one got.
+
+    Every lease carries the attempt that claimed or last adopted it, so an answered attempt's
+    leases share one id. An attempt holding at least `least` was answered (or would have been, had
+    its replica lived): its leases alone are the answer, the newest such attempt's if several.
+    Leases of other attempts beside it are claims a dead replica made that its caller never got
+    (they reached the Pods after the retry looked): handing them out now would change an answer
+    already given, so they stay out and end at their TTL. With no attempt that far, nobody was
+    answered: the retry takes them all, oldest first, up to `count`.
+    """
+    attempts: dict[str | None, list[LeaseRecord]] = {}
+    for lease in leases:
+        attempts.setdefault(lease.attempt, []).append(lease)
+    answered = [held for held in attempts.values() if len(held) >= least]
+    if answered:
+        newest = max(answered, key=lambda held: max(lease.acquired_at for lease in held))
+        return sorted(newest, key=lambda lease: (lease.acquired_at, lease.id))[:count]
+    return sorted(leases, key=lambda lease: (lease.acquired_at, lease.id))[:count]
 
 
 class LeaseKeys:

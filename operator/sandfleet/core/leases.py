@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from sandfleet.core import api
@@ -35,6 +35,8 @@ class LeaseRecord:
     labels: dict[str, str] = field(default_factory=dict)
     idempotency_key: str | None = None
     policy_version: int | None = None
+    # The acquire attempt that claimed (or a retry that adopted) it: one answer's leases share it.
+    attempt: str | None = None
 
     @property
     def run(self) -> str | None:
@@ -96,9 +98,13 @@ def lease_from_annotations(annotations: dict[str, str] | None) -> LeaseRecord | 
         return None
     try:
         data = json.loads(raw)
-        return LeaseRecord(**data)
+        # Fields a newer gateway added are left out, so a rolling upgrade never hides a lease.
+        return LeaseRecord(**{name: data[name] for name in _RECORD_FIELDS if name in data})
     except (TypeError, ValueError):
         return None
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(LeaseRecord))
 
 
 def _label_safe(value: str) -> bool:

@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import functools
 import time
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
-from sandfleet.core.lease_keys import KeyOwner, key_owner, still_to_claim
+from sandfleet.core.lease_keys import KeyOwner, adoptable, key_owner, still_to_claim
 from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
 from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_plan
@@ -84,6 +85,7 @@ class LeaseRequest:
     policy_version: int | None = None
     wait_seconds: float = 30.0
     min_count: int | None = None  # below `count`: a batch (up to count); None or count: a group
+    attempt: str | None = None  # set per keyed attempt: the leases it claims carry it
 
     @property
     def least(self) -> int:
@@ -247,7 +249,11 @@ class LeaseService:
         key = key_owner(request.holder, request.idempotency_key or "")
         shared = self._by_idempotency_key.get(key)
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
-            earlier = await self._adopt(self._leases_with_key(request.idempotency_key or "", request.holder))
+            request = replace(request, attempt=uuid.uuid4().hex)
+            found = self._leases_with_key(request.idempotency_key or "", request.holder)
+            chosen = adoptable([lease for lease, _ in found], request.count, request.least)
+            taken = {lease.id for lease in chosen}
+            earlier = await self._adopt([f for f in found if f[0].id in taken], request.attempt)
             if earlier and not still_to_claim(request.count, request.least, len(earlier))[0]:
                 return Granted(earlier, 0.0, 0.0, 0)  # a group's or a batch's: the same leases
             shared = _Shared(asyncio.ensure_future(self._acquire_rest(request, shelf, ttl, earlier)))
@@ -265,16 +271,18 @@ class LeaseService:
                 await asyncio.wait({shared.task})  # it has left the queue when we return
 
     async def _adopt(
-        self, found: list[tuple[LeaseRecord, SandboxPod]]
+        self, found: list[tuple[LeaseRecord, SandboxPod]], attempt: str | None
     ) -> list[tuple[LeaseRecord, SandboxPod]]:
         """Hand earlier leases to a retry only after a conditional write (a renewal) on each.
 
         The gateway that claimed them may be un-claiming them because the first attempt's client
         went away; that un-claim is conditional on the claim's version, so exactly one of the two
-        writes wins: the retry gets a lease that stays, or it gets none and acquires afresh.
+        writes wins: the retry gets a lease that stays, or it gets none and acquires afresh. The
+        write also files each under the retry's attempt, so its answer's leases share one
+        (lease_keys.adoptable).
         """
         now = self.clock()
-        renewed = [lease.renewed(now, lease.ttl_seconds) for lease, _ in found]
+        renewed = [replace(lease.renewed(now, lease.ttl_seconds), attempt=attempt) for lease, _ in found]
         written = await asyncio.gather(
             *(self.backend.write_lease(s, r) for (_, s), r in zip(found, renewed, strict=True))
         )
@@ -556,6 +564,7 @@ class LeaseService:
             labels=dict(request.labels),
             idempotency_key=request.idempotency_key,
             policy_version=request.policy_version,
+            attempt=request.attempt,
         )
 
     def _cancel(self, queue: _PoolQueue, waiter: _Waiter) -> None:

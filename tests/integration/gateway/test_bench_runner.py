@@ -167,6 +167,11 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     assert gateway["errors"] == {}
     assert 0 < gateway["lease_p50_ms"] <= gateway["lease_p99_ms"]
     assert scale["fill_curve"][-1][1] >= 400
+    # A Pod per episode: at least its claim and release patches, the operator's delete and the
+    # replacement's create, all counted by the apiserver (docs/gateway.md: never fewer than ~4).
+    writes = scale["apiserver_writes_per_episode_by_verb_resource"]
+    assert {"PATCH pods", "DELETE pods", "POST pods"} <= set(writes), writes
+    assert scale["apiserver_writes_per_episode"] >= 4, writes
     rl = results["benchmarks"]["rl_loop"]["runs"][0]
     assert rl["episodes"] > 0
     assert rl["profile"]["verdict"]["bottleneck"]

@@ -35,4 +35,5 @@ def test_gateway_replicas_short() -> None:
         assert figures["pod_patches_per_lease"] >= 1
         assert figures["pod_patches_per_lease"] - figures["conflicts_per_lease"] >= 1 - 1e-9  # rounded
         assert figures["client_cpu_ms_per_lease"] > 0
+        assert figures["replica_p50_spread"] >= 1
     assert report["throughput_3_sharing_over_1"] > 0

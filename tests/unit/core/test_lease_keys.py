@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.lease_keys import still_to_claim
+from sandfleet.core.lease_keys import adoptable, still_to_claim
+from sandfleet.core.leases import LeaseRecord
 
 
 def test_a_retry_that_found_its_minimum_claims_nothing_more() -> None:
@@ -30,3 +31,58 @@ def test_found_plus_what_is_claimed_spans_the_request(case: tuple[int, int, int]
         assert found + rest == count
         assert found + rest_least == least
         assert 1 <= rest_least <= rest
+
+
+def _lease(name: str, attempt: str | None, acquired_at: float) -> LeaseRecord:
+    return LeaseRecord(
+        name, "pool", "alice", acquired_at, acquired_at + 60, 60, idempotency_key="k", attempt=attempt
+    )
+
+
+def test_an_answered_attempt_is_the_answer_and_late_claims_of_a_dead_one_stay_out() -> None:
+    # The dead replica's attempt "a" claimed p0-p4; the retry "b" saw p0-p2, adopted them (now "b")
+    # and claimed p5-p7; p3 and p4 reached the Pods after it looked.
+    leases = [
+        *(_lease(f"p{i}", "b", float(i)) for i in range(3)),
+        _lease("p3", "a", 3.0),
+        _lease("p4", "a", 4.0),
+        *(_lease(f"p{i}", "b", float(i)) for i in range(5, 8)),
+    ]
+    chosen = adoptable(leases, count=8, least=5)
+    assert [lease.id for lease in chosen] == ["p0", "p1", "p2", "p5", "p6", "p7"]
+
+
+def test_with_no_attempt_at_its_minimum_a_retry_takes_every_claim_up_to_its_count() -> None:
+    leases = [_lease("p2", "a", 2.0), _lease("p1", "b", 1.0), _lease("p0", None, 0.0), _lease("p3", "a", 3.0)]
+    assert [lease.id for lease in adoptable(leases, count=3, least=5)] == ["p0", "p1", "p2"]
+
+
+def test_of_two_answered_attempts_the_newest_is_the_answer() -> None:
+    leases = [_lease("p0", "a", 0.0), _lease("p1", "a", 1.0), _lease("p2", "b", 5.0), _lease("p3", "b", 6.0)]
+    assert [lease.id for lease in adoptable(leases, count=2, least=2)] == ["p2", "p3"]
+
+
+attempts = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c", None]), st.integers(0, 1000)),
+    max_size=40,
+    unique_by=lambda t: t[1],
+)
+
+
+@given(attempts, st.integers(1, 50).flatmap(lambda c: st.tuples(st.just(c), st.integers(1, c))))
+def test_what_a_retry_adopts_is_one_attempt_or_everything_and_never_above_its_count(
+    claims: list[tuple[str | None, int]], request: tuple[int, int]
+) -> None:
+    count, least = request
+    leases = [_lease(f"p{at}", attempt, float(at)) for attempt, at in claims]
+    chosen = adoptable(leases, count, least)
+    assert len(chosen) <= count
+    assert len({lease.id for lease in chosen}) == len(chosen)
+    by_attempt: dict[str | None, int] = {}
+    for lease in leases:
+        by_attempt[lease.attempt] = by_attempt.get(lease.attempt, 0) + 1
+    if any(n >= least for n in by_attempt.values()):
+        assert len({lease.attempt for lease in chosen}) == 1
+        assert by_attempt[chosen[0].attempt] >= least
+    else:
+        assert len(chosen) == min(count, len(leases))

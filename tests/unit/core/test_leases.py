@@ -75,6 +75,15 @@ def test_unreadable_or_missing_lease_annotation_is_no_lease() -> None:
     assert lease_from_annotations({api.LEASE_ANNOTATION: '{"id": "x"}'}) is None
 
 
+def test_a_record_with_fields_of_a_newer_gateway_is_still_read_as_the_lease() -> None:
+    lease = make_lease(attempt="a1")
+    annotations = lease_metadata(lease)["annotations"]
+    newer = {**json.loads(annotations[api.LEASE_ANNOTATION]), "shard": 3}
+    assert lease_from_annotations({api.LEASE_ANNOTATION: json.dumps(newer)}) == lease
+    assert lease_from_annotations({api.LEASE_ANNOTATION: "[1, 2]"}) is None
+    assert lease_from_annotations({api.LEASE_ANNOTATION: '"id"'}) is None
+
+
 def test_release_marks_the_pod_released() -> None:
     assert release_metadata() == {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
 
