@@ -1,4 +1,8 @@
-"""The operator benchmarks run in their short mode (CI size) and report what they measured."""
+"""The pool fill benchmark runs in its short mode (CI size) and reports what it measured.
+
+The scale run's short mode (operator_scale) runs through bench/run, in
+tests/integration/gateway/test_bench_runner.py: once per CI run, not twice.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +24,3 @@ def test_pool_fill_short(kubectl: Kubectl) -> None:
         report["pool_sandboxes_per_second"] / report["replicaset_pods_per_second"], rel=0.01
     )
 
-
-def test_operator_scale_short(kubectl: Kubectl) -> None:
-    report = run_short("operator_scale.py")
-    assert report["benchmark"] == "operator_scale"
-    assert report["sandboxes"] == 400
-    assert 0 < report["operator_rss_mb"] <= report["operator_rss_peak_mb"]
-    assert report["operator_cpu_cores_steady"] >= 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -10,8 +11,10 @@ import httpx
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord, lease_metadata
 from tests.integration.gateway.conftest import GatewayFactory, Pool
 from tests.support.invariants import ClientLease, ObservedLease, PodTruth, double_leases, unrecorded_leases
+from tests.support.kube import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -141,3 +144,48 @@ def test_a_batch_larger_than_the_quota_is_refused_at_once_saying_which_limit(
         assert beyond.status_code == 422
         assert "count" in beyond.json()["detail"]
     assert pool.pods() == []  # nothing was claimed, nothing was created
+
+
+def _dead_replicas_claim(pool: Pool, name: str, key: str, acquired_at: float) -> None:
+    """Write on a Pod what a replica killed mid-batch had claimed for actor-0 under `key`."""
+    lease = LeaseRecord(
+        id=f"{pool.kube.namespace}.{name}", pool=pool.name, holder="actor-0", acquired_at=acquired_at,
+        expires_at=acquired_at + 120, ttl_seconds=120, idempotency_key=key, attempt="the-dead-replicas",
+    )  # fmt: skip
+    pool.kube("patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": lease_metadata(lease)}))
+
+
+def test_a_dead_replicas_late_claim_never_changes_what_a_retry_was_answered(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
+    """A claim of the killed replica that lands after a retry was answered stays out of every later answer."""
+    names = pool.add_sandboxes(8)
+    now = time.time()
+    # It died with 2 claims on the Pods, below the batch's minimum of 3: nobody was answered.
+    for name in names[:2]:
+        _dead_replicas_claim(pool, name, "step-9", now)
+    gateway = start_gateway()
+    with gateway.client() as client:
+        first = batch(client, 5, 3, 5.0, idempotency_key="step-9")
+        assert first.status_code == 201, first.text
+        answered = sorted(lease["sandbox"] for lease in first.json()["leases"])
+        assert set(names[:2]) <= set(answered)  # adopted, and the rest claimed
+        assert len(answered) == 5
+        # One more claim of the dead replica reaches the Pods only now (it was still in flight).
+        late = next(name for name in names if name not in answered)
+        _dead_replicas_claim(pool, late, "step-9", now + 0.01)
+
+        def seen() -> bool:  # the gateway's own view (its watch) holds the late claim
+            listed = client.get("/v1/leases", params={"pool": pool.name}).json()["leases"]
+            return late in {lease["sandbox"] for lease in listed}
+
+        wait_until(seen, 10, "the gateway to see the late claim", 0.1)
+        again = batch(client, 5, 3, 5.0, idempotency_key="step-9")
+        assert again.status_code == 201, again.text
+        assert sorted(lease["sandbox"] for lease in again.json()["leases"]) == answered
+    assert (
+        json.loads(pool.kube.json("get", "pod", late)["metadata"]["annotations"][api.LEASE_ANNOTATION])[
+            "attempt"
+        ]
+        == "the-dead-replicas"
+    )  # left to its TTL, never handed to anyone

@@ -155,6 +155,8 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     assert results["machine"]["nproc"] >= 1
     scale = results["benchmarks"]["operator_scale"]["runs"][0]
     assert scale["sandboxes"] == 400
+    assert 0 < scale["operator_rss_mb"] <= scale["operator_rss_peak_mb"]
+    assert scale["operator_cpu_cores_steady"] >= 0
     # A list per sandbox or per lease would be hundreds here. A watch that breaks under load (its
     # deadline passes on a starved machine) recovers with one relist: that is allowed, once or twice.
     lists = scale["lists_on_hot_paths"]
