@@ -23,4 +23,3 @@ def test_pool_fill_short(kubectl: Kubectl) -> None:
     assert report["ratio_to_replicaset"] == pytest.approx(
         report["pool_sandboxes_per_second"] / report["replicaset_pods_per_second"], rel=0.01
     )
-
