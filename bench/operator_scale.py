@@ -93,7 +93,8 @@ def episode_writes(before: RequestCounts, after: RequestCounts, episodes: int) -
 
     Counted from its own apiserver_request_total between the clients' start and the pool's refill:
     the gateway's claim and release patches, the operator's deletes and creates, the scheduler's
-    bindings, the simulated kubelets' status writes, events and leader-lease renewals alike.
+    bindings, the simulated kubelets' status writes, events and leader-lease renewals alike, and
+    the simulated nodes' heartbeats (PUT leases: the counter has no namespace to leave them out by).
     """
     writes = {
         key: count

@@ -46,10 +46,8 @@ def adoptable(leases: Sequence[LeaseRecord], count: int, least: int) -> list[Lea
     for lease in leases:
         attempts.setdefault(lease.attempt, []).append(lease)
     answered = [held for held in attempts.values() if len(held) >= least]
-    if answered:
-        newest = max(answered, key=lambda held: max(lease.acquired_at for lease in held))
-        return sorted(newest, key=lambda lease: (lease.acquired_at, lease.id))[:count]
-    return sorted(leases, key=lambda lease: (lease.acquired_at, lease.id))[:count]
+    taken = max(answered, key=lambda held: max(lease.acquired_at for lease in held)) if answered else leases
+    return sorted(taken, key=lambda lease: (lease.acquired_at, lease.id))[:count]
 
 
 class LeaseKeys:

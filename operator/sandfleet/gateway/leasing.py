@@ -293,18 +293,15 @@ class LeaseService:
     ) -> Granted:
         """Claim what a retry still lacks beyond the `earlier` leases it adopted (all of it if none).
 
-        Below its minimum, what it adopted was never answered to anyone (the first attempt's replica
-        died mid-claim): answering with it would break the minimum, so the rest is claimed under
-        the same key, and if that fails, what was adopted goes back warm with it.
+        Below its minimum, answering with what it adopted would break the minimum, so the rest is
+        claimed under the same key. If that fails, what was adopted stays leased until its TTL,
+        never put back warm: it may be an answer its caller holds (the key reused with a larger
+        count), and a lease must not vanish from under its holder.
         """
         if not earlier:
             return await self._acquire(request, shelf, ttl)
         count, least = still_to_claim(request.count, request.least, len(earlier))
-        try:
-            rest = await self._acquire(replace(request, count=count, min_count=least), shelf, ttl)
-        except BaseException:
-            await asyncio.shield(self._give_back(earlier))
-            raise
+        rest = await self._acquire(replace(request, count=count, min_count=least), shelf, ttl)
         return replace(rest, leases=[*earlier, *rest.leases])
 
     def _forget(self, key: KeyOwner, shared: _Shared, _: object) -> None:

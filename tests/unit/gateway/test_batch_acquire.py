@@ -221,12 +221,14 @@ async def test_a_retry_at_or_above_its_minimum_gets_what_it_found_and_nothing_mo
     assert leased(backend) == dead
 
 
-async def test_a_retry_that_cannot_reach_its_minimum_gives_back_what_it_found_too() -> None:
+async def test_a_short_retry_gives_back_what_it_claimed_and_keeps_what_it_found() -> None:
     backend = MemoryBackend()
-    claimed_by_a_dead_replica(backend, 2, "group-1")
+    found = claimed_by_a_dead_replica(backend, 2, "group-1")
     warm(backend, 1)
     service = LeaseService(backend)
     with pytest.raises(WaitTimeout):  # a group of 5: 2 found, 1 warm, never whole
         await service.acquire(request(count=5, wait_seconds=0.1, idempotency_key="group-1"))
     await asyncio.sleep(0.05)
-    assert leased(backend) == set()  # all or nothing: the found leases went back warm as well
+    # What it claimed went back warm; what it found may be an answer its caller holds (the key
+    # reused with a larger count), so it stays leased until its TTL, never freed from under it.
+    assert leased(backend) == found
