@@ -88,24 +88,38 @@ def phase_requests(before: RequestCounts, after: RequestCounts, seconds: float) 
 WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 
 
-def episode_writes(before: RequestCounts, after: RequestCounts, episodes: int) -> dict[str, Any]:
+def write_counts(before: RequestCounts, after: RequestCounts) -> dict[str, int]:
+    """The write requests ("VERB resource" -> count) the apiserver served between two readings."""
+    return {key: n for key, n in request_delta(before, after).items() if key.split(" ", 1)[0] in WRITE_VERBS}
+
+
+def episode_writes(
+    during: dict[str, int],
+    seconds: float,
+    background: dict[str, int],
+    background_seconds: float,
+    episodes: int,
+) -> dict[str, Any]:
     """Write requests the apiserver served per leased episode, by everyone (lease, release, refill).
 
-    Counted from its own apiserver_request_total between the clients' start and the pool's refill:
-    the gateway's claim and release patches, the operator's deletes and creates, the scheduler's
-    bindings, the simulated kubelets' status writes, events and leader-lease renewals alike, and
-    the simulated nodes' heartbeats (PUT leases: the counter has no namespace to leave them out by).
+    `during` is counted from its own apiserver_request_total between the clients' start and the
+    pool's refill (`seconds`): the gateway's claim and release patches, the operator's deletes and
+    creates, the scheduler's bindings, the simulated kubelets' status writes and events. The same
+    window also holds what the cluster writes with no episode at all (the simulated nodes'
+    heartbeats, leader-lease renewals: the counter has no namespace or client to leave them out
+    by), so that rate, measured over the idle `background` window before the clients, is taken
+    off per resource: the net figure is what the episodes cost, the gross one is beside it.
     """
-    writes = {
-        key: count
-        for key, count in request_delta(before, after).items()
-        if key.split(" ", 1)[0] in WRITE_VERBS
-    }
+    rate = {key: n / background_seconds for key, n in background.items()} if background_seconds > 0 else {}
+    net = {key: max(0, round(n - rate.get(key, 0.0) * seconds)) for key, n in during.items()}
+    net = {key: n for key, n in net.items() if n}
     return {
         "episodes": episodes,
-        "writes": sum(writes.values()),
-        "writes_per_episode": round(sum(writes.values()) / max(episodes, 1), 2),
-        "by_verb_resource": writes,
+        "writes": sum(net.values()),
+        "writes_per_episode": round(sum(net.values()) / max(episodes, 1), 2),
+        "gross_writes_per_episode": round(sum(during.values()) / max(episodes, 1), 2),
+        "background_writes_per_second": round(sum(rate.values()), 1),
+        "by_verb_resource": dict(sorted(net.items(), key=lambda item: -item[1])),
     }
 
 
@@ -254,6 +268,7 @@ def main() -> None:
                 fill_seconds = done - started
                 fill_cpu = operator.cpu_seconds() - cpu_start
                 requests_filled, _ = apiserver_requests(cluster)
+                hold_began = time.monotonic()
                 phases["fill"] = phase_requests(requests_before, requests_filled, fill_seconds)
                 log(
                     "scale",
@@ -267,6 +282,7 @@ def main() -> None:
                 steady_cpu = operator.cpu_seconds() - steady_cpu_start
                 rss_now, rss_peak = operator.memory_mb()
                 requests_held, watches_open = apiserver_requests(cluster)
+                hold_seconds = time.monotonic() - hold_began
                 phases["hold"] = phase_requests(requests_filled, requests_held, steady_window)
                 log(
                     "scale",
@@ -279,6 +295,7 @@ def main() -> None:
                 gateway.start()
                 log("scale", f"gateway ready; {clients} clients x {rounds} lease+release rounds")
                 requests_gw_before, _ = apiserver_requests(cluster)
+                episodes_began = time.monotonic()
                 phases["gateway_start"] = phase_requests(
                     requests_held, requests_gw_before, time.monotonic() - gateway_began
                 )
@@ -312,10 +329,18 @@ def main() -> None:
                 )
                 refill_seconds = refilled - refill_started
                 requests_refilled, _ = apiserver_requests(cluster)
-                writes = episode_writes(requests_gw_before, requests_refilled, client_report["leases"])
+                writes = episode_writes(
+                    write_counts(requests_gw_before, requests_refilled),
+                    time.monotonic() - episodes_began,
+                    write_counts(requests_filled, requests_held),
+                    hold_seconds,
+                    client_report["leases"],
+                )
                 log(
                     "scale",
-                    f"{writes['writes_per_episode']} apiserver writes per episode (lease, release, refill): "
+                    f"{writes['writes_per_episode']} apiserver writes per episode (lease, release, refill), "
+                    f"{writes['gross_writes_per_episode']} before the cluster's own writes when idle "
+                    f"({writes['background_writes_per_second']}/s) are taken off: "
                     f"{writes['by_verb_resource']}",
                 )
                 _, final_peak = operator.memory_mb()
@@ -354,6 +379,8 @@ def main() -> None:
                 "meets_target": peak <= TARGET_RSS_MB,
                 "apiserver": phases,
                 "apiserver_writes_per_episode": writes["writes_per_episode"],
+                "apiserver_writes_per_episode_gross": writes["gross_writes_per_episode"],
+                "apiserver_background_writes_per_second": writes["background_writes_per_second"],
                 "apiserver_writes_per_episode_by_verb_resource": writes["by_verb_resource"],
                 "watches_open": fleet_watches(watches_gw),
                 "watches_open_before_gateway": fleet_watches(watches_open),

@@ -34,6 +34,9 @@ TEMPLATE_HASH_LABEL: Final = f"{GROUP}/template-hash"
 IMAGE_KEY_LABEL: Final = f"{GROUP}/image-key"
 LEASE_STATE_LABEL: Final = f"{GROUP}/lease-state"
 RUN_LABEL: Final = f"{GROUP}/run"
+# On a Pod leased under an idempotency key: a hash of (holder, key), so a retry reads that key's
+# leases from the apiserver itself (a quorum LIST by label) instead of a watch cache that may lag.
+LEASE_KEY_LABEL: Final = f"{GROUP}/lease-key"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 # On the coordination.k8s.io Lease each gateway replica renews, so replicas find each other.
 GATEWAY_MEMBER_LABEL: Final = f"{GROUP}/gateway-member"

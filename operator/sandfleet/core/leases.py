@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -67,6 +68,8 @@ def lease_metadata(lease: LeaseRecord) -> dict[str, Any]:
     """The labels and annotations that put `lease` on a sandbox Pod (a merge-patch body)."""
     labels: dict[str, str | None] = {api.LEASE_STATE_LABEL: api.LEASE_LEASED}
     labels[api.RUN_LABEL] = lease.run if lease.run and _label_safe(lease.run) else None
+    key = lease.idempotency_key
+    labels[api.LEASE_KEY_LABEL] = lease_key_label(lease.holder, key) if key else None
     return {
         "labels": labels,
         "annotations": {
@@ -78,6 +81,11 @@ def lease_metadata(lease: LeaseRecord) -> dict[str, Any]:
     }
 
 
+def lease_key_label(holder: str, idempotency_key: str) -> str:
+    """The LEASE_KEY_LABEL value of a lease `holder` acquired with `idempotency_key` (a label-safe hash)."""
+    return hashlib.sha256(f"{holder}\n{idempotency_key}".encode()).hexdigest()[:40]
+
+
 def release_metadata() -> dict[str, Any]:
     """The merge-patch body that marks a Pod's lease released (the operator then deletes it)."""
     return {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
@@ -86,7 +94,7 @@ def release_metadata() -> dict[str, Any]:
 def unclaim_metadata() -> dict[str, Any]:
     """The merge-patch body that takes a lease nobody received off a Pod: it is warm again."""
     return {
-        "labels": {api.LEASE_STATE_LABEL: api.LEASE_FREE, api.RUN_LABEL: None},
+        "labels": {api.LEASE_STATE_LABEL: api.LEASE_FREE, api.RUN_LABEL: None, api.LEASE_KEY_LABEL: None},
         "annotations": {api.LEASE_ANNOTATION: None, api.LEASE_EXPIRES_ANNOTATION: None},
     }
 

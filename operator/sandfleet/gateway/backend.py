@@ -55,6 +55,13 @@ class Backend(Protocol):
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         """Sandboxes whose lease `holder` acquired with `idempotency_key` (any state), from an index."""
 
+    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+        """Bring the index's sandboxes leased under the key up to date with the source of truth.
+
+        A retry decides what its caller was already answered with from them: another replica's
+        writes must be seen in full, not as far as a watch has got.
+        """
+
     def warm(self, pool: str, image_key: str) -> WarmIndex:
         """The live index of the shelf's warm sandboxes, kept current as sandboxes change.
 
@@ -173,6 +180,9 @@ class IndexedReads:
 
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         return self.index.lease_keys.find(holder, idempotency_key)
+
+    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+        """Nothing: the index is the truth where one process holds every lease."""
 
     def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:
         self.index.listeners.append(on_change)

@@ -11,7 +11,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandfleet.core import api, model
-from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
+from sandfleet.core.leases import (
+    LeaseRecord,
+    lease_key_label,
+    lease_metadata,
+    release_metadata,
+    unclaim_metadata,
+)
 from sandfleet.core.model import SandboxPod, image_key, split_lease_id
 from sandfleet.core.partition import owner
 from sandfleet.core.pods import sandbox_from_pod
@@ -106,6 +112,17 @@ class KubeBackend(IndexedReads):
         # Unconditional: releasing twice, or after a renewal elsewhere, must still release.
         with contextlib.suppress(KubeError):
             await self._patch(sandbox, release_metadata(), conditional=False)
+
+    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+        # A LIST without a resourceVersion is a quorum read: every write that committed before it,
+        # whichever replica made it, is in its answer (the watch may not have delivered them yet).
+        selector = f"{api.LEASE_KEY_LABEL}={lease_key_label(holder, idempotency_key)}"
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        listed = await self.kube.json("GET", path, query={"labelSelector": selector})
+        for pod in listed.get("items") or ():
+            found = sandbox_from_pod(pod)
+            if found is not None:
+                self._upsert(found)
 
     async def fresh(self, lease_id: str) -> SandboxPod | None:
         parts = split_lease_id(lease_id)

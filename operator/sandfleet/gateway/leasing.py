@@ -248,6 +248,11 @@ class LeaseService:
         """A retried request with the same idempotency key gets the same leases, never new ones."""
         key = key_owner(request.holder, request.idempotency_key or "")
         shared = self._by_idempotency_key.get(key)
+        if shared is None or shared.task.cancelled():
+            # What an earlier attempt (at any replica) claimed or was answered with, as the truth
+            # has it now: a watch that lags would show part of an answer and give a different one.
+            await self.backend.refresh_keyed(*key)
+            shared = self._by_idempotency_key.get(key)  # one may have started during the read
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
             request = replace(request, attempt=uuid.uuid4().hex)
             found = self._leases_with_key(request.idempotency_key or "", request.holder)

@@ -174,6 +174,9 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     writes = scale["apiserver_writes_per_episode_by_verb_resource"]
     assert {"PATCH pods", "DELETE pods", "POST pods"} <= set(writes), writes
     assert scale["apiserver_writes_per_episode"] >= 4, writes
+    # The simulated nodes' heartbeats go on with no episode at all: measured idle, and taken off.
+    assert scale["apiserver_background_writes_per_second"] > 0
+    assert scale["apiserver_writes_per_episode_gross"] > scale["apiserver_writes_per_episode"]
     rl = results["benchmarks"]["rl_loop"]["runs"][0]
     assert rl["episodes"] > 0
     assert rl["profile"]["verdict"]["bottleneck"]

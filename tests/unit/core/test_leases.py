@@ -15,8 +15,10 @@ from sandfleet.core.leases import (
     choose_ttl,
     lease_expired,
     lease_from_annotations,
+    lease_key_label,
     lease_metadata,
     release_metadata,
+    unclaim_metadata,
 )
 
 label_text = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=0, max_size=80)
@@ -82,6 +84,21 @@ def test_a_record_with_fields_of_a_newer_gateway_is_still_read_as_the_lease() ->
     assert lease_from_annotations({api.LEASE_ANNOTATION: json.dumps(newer)}) == lease
     assert lease_from_annotations({api.LEASE_ANNOTATION: "[1, 2]"}) is None
     assert lease_from_annotations({api.LEASE_ANNOTATION: '"id"'}) is None
+
+
+@given(holder=st.text(max_size=40), key=st.text(min_size=1, max_size=200))
+def test_a_keyed_lease_carries_a_label_safe_hash_of_its_holder_and_key(holder: str, key: str) -> None:
+    label = lease_metadata(make_lease(holder=holder, idempotency_key=key))["labels"][api.LEASE_KEY_LABEL]
+    assert label == lease_key_label(holder, key)
+    assert len(label) == 40
+    assert set(label) <= set("0123456789abcdef")
+    # The holder is part of it: another tenant's retry with the same key never selects these Pods.
+    assert label != lease_key_label(holder + "x", key)
+
+
+def test_a_lease_without_a_key_and_a_claim_taken_back_carry_no_key_label() -> None:
+    assert lease_metadata(make_lease())["labels"][api.LEASE_KEY_LABEL] is None
+    assert unclaim_metadata()["labels"][api.LEASE_KEY_LABEL] is None
 
 
 def test_release_marks_the_pod_released() -> None:

@@ -232,3 +232,35 @@ async def test_a_short_retry_gives_back_what_it_claimed_and_keeps_what_it_found(
     # What it claimed went back warm; what it found may be an answer its caller holds (the key
     # reused with a larger count), so it stays leased until its TTL, never freed from under it.
     assert leased(backend) == found
+
+
+class LaggingReplica(MemoryBackend):
+    """Another replica's view of `truth`, its watch behind: it has not seen some claims yet."""
+
+    def __init__(self, truth: MemoryBackend, unseen: set[str]) -> None:
+        super().__init__()
+        self.truth = truth
+        self.version = truth.version
+        self.refreshed = 0
+        for key, sandbox in truth.items.items():
+            seen = sandbox if key not in unseen else replace(sandbox, state=api.LEASE_FREE, lease=None)
+            self.items.put(seen)
+
+    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+        self.refreshed += 1
+        for sandbox in self.truth.leased_with_key(holder, idempotency_key):
+            self.items.put(sandbox)
+
+
+async def test_a_retry_at_a_replica_whose_watch_lags_gets_the_whole_answer() -> None:
+    # Found in the fault suite (the apiserver stopped mid-batch): a retry answered from a watch
+    # that had seen 85 of an answer's 115 leases answered with those 85.
+    first = MemoryBackend()
+    warm(first, 20)
+    granted = await LeaseService(first).acquire(request(count=10, min_count=6, idempotency_key="step-1"))
+    ids = sorted(lease.id for lease, _ in granted.leases)
+    assert len(ids) == 10
+    other = LaggingReplica(first, unseen=set(ids[:3]))
+    again = await LeaseService(other).acquire(request(count=10, min_count=6, idempotency_key="step-1"))
+    assert sorted(lease.id for lease, _ in again.leases) == ids
+    assert other.refreshed == 1

@@ -67,6 +67,16 @@ class LeaseMachine(RuleBasedStateMachine):
                 del self.live[lease_id]
                 self.ended.add(lease_id)
 
+    def _renewed_by_a_retry(self, holder: str, key: str) -> None:
+        """A keyed retry that fell short renewed the leases it found under its key (the write that
+        settles a race with an un-claim): they stay the holder's, their expiry moved forward only."""
+        for lease_id, (owner, run, expires_at) in list(self.live.items()):
+            lease = self.backend.items[lease_id].lease
+            assert lease is not None
+            if owner == holder and lease.idempotency_key == key:
+                assert lease.expires_at >= expires_at, f"a failed retry moved {lease_id}'s expiry back"
+                self.live[lease_id] = (owner, run, lease.expires_at)
+
     def _held_by_another(self, lease_id: str, holder: str) -> bool:
         """NotTheHolder is the answer while the sandbox still carries another caller's lease (live or not)."""
         sandbox = self.backend.items.get(lease_id)
@@ -150,6 +160,8 @@ class LeaseMachine(RuleBasedStateMachine):
             assert ttl <= 0 or ttl > 600
             return multiple()
         except (WaitTimeout, PoolQueueFull):
+            if key is not None:
+                self._renewed_by_a_retry(holder, key)
             return multiple()
         if key is None:
             assert request.least <= len(granted.leases) <= count, "all or nothing, or a batch's range"
