@@ -241,6 +241,7 @@ def pool_ready(cluster: Cluster, namespace: str, name: str) -> int:
 
 
 RequestCounts = dict[tuple[str, str], float]
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 
 
 def apiserver_requests(cluster: Cluster) -> tuple[RequestCounts, RequestCounts]:
@@ -248,7 +249,8 @@ def apiserver_requests(cluster: Cluster) -> tuple[RequestCounts, RequestCounts]:
 
     Read from its /metrics with the admin client certificate (the kubeconfig's), so the numbers are
     the apiserver's, not what a client believes it sent. Non-resource URLs (/metrics, /healthz) are
-    left out; this read itself is one of them.
+    left out; this read itself is one of them. A write that failed is counted apart, its response
+    code after the resource ("DELETE pods 409"): it cost the apiserver a request all the same.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -265,7 +267,10 @@ def apiserver_requests(cluster: Cluster) -> tuple[RequestCounts, RequestCounts]:
                 continue
             if sample.labels.get("subresource"):
                 resource = f"{resource}/{sample.labels['subresource']}"
-            key = (sample.labels.get("verb", "?"), resource)
+            verb, code = sample.labels.get("verb", "?"), sample.labels.get("code", "")
+            if verb in WRITE_VERBS and code and not code.startswith("2"):
+                resource = f"{resource} {code}"
+            key = (verb, resource)
             into = served if sample.name == "apiserver_request_total" else open_now
             into[key] = into.get(key, 0.0) + sample.value
     return served, open_now

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 from kubebench import (
     SCALE_CLUSTER_ENV,
+    WRITE_VERBS,
     Cluster,
     Gateway,
     Operator,
@@ -83,9 +84,6 @@ def phase_requests(before: RequestCounts, after: RequestCounts, seconds: float) 
         "by_verb_resource": delta,
         "lists": list_calls(delta),
     }
-
-
-WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 
 
 def write_counts(before: RequestCounts, after: RequestCounts) -> dict[str, int]:

@@ -445,6 +445,24 @@ def write_plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
                 "Ready sandboxes",
             ),
         )
+    if scale_runs and scale_runs[-1].get("apiserver_writes_per_episode_by_verb_resource"):
+        run = scale_runs[-1]
+        episodes = max(run["gateway"]["leases"], 1)
+        per_episode = {
+            k: n / episodes for k, n in run["apiserver_writes_per_episode_by_verb_resource"].items()
+        }
+        save(
+            "writes-per-episode.svg",
+            f"Apiserver writes per episode (lease, release, refill) by request, {run['sandboxes']:,} "
+            f"sandboxes, {episodes:,} episodes: {run['apiserver_writes_per_episode']} in all, net of the "
+            "cluster's own writes when idle; the dashed lines are issue 16's targets",
+            plots.bars_figure(
+                f"apiserver writes per episode: {run['apiserver_writes_per_episode']}",
+                per_episode,
+                "writes per leased episode (the apiserver's apiserver_request_total)",
+                marks={"target without recycling (1.5)": 1.5, "target with recycling (0.2)": 0.2},
+            ),
+        )
     rl_runs = benchmarks.get("rl_loop", {}).get("runs", [])
     if rl_runs and rl_runs[-1].get("profile"):
         write_profile_plot(rl_runs[-1]["profile"], out / "loop-profile.svg")

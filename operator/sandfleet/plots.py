@@ -170,3 +170,31 @@ def curves_figure(
     if drawn:
         axes.legend(loc="lower right", fontsize="small")
     return figure
+
+
+def bars_figure(
+    title: str, values: Mapping[str, float], x_label: str, marks: Mapping[str, float] | None = None
+) -> Figure:
+    """Horizontal bars, largest on top, each labelled with its value.
+
+    `marks` are dashed lines at named values (e.g. a target): how far the bars are from them.
+    """
+    figure = _figure(0.8 + 0.32 * max(len(values), 3))
+    axes = figure.subplots()
+    ordered = sorted(values.items(), key=lambda item: item[1])
+    names, numbers = [name for name, _ in ordered], [number for _, number in ordered]
+    axes.barh(names, numbers, color="#4c78a8")
+    for y, number in enumerate(numbers):
+        axes.annotate(f"{number:.3g}", (number, y), xytext=(3, 0), textcoords="offset points", va="center")
+    for n, (name, at) in enumerate((marks or {}).items()):
+        axes.axvline(
+            at, color=("#e45756", "#54a24b", "#999999")[n % 3], linestyle="--", linewidth=1.2, label=name
+        )
+    axes.set_xlim(left=0, right=max([*numbers, *(marks or {}).values(), 0.0]) * 1.15 or 1.0)
+    axes.grid(True, axis="x", color="#eeeeee")
+    axes.set_axisbelow(True)
+    axes.set_title(title)
+    axes.set_xlabel(x_label)
+    if marks:
+        axes.legend(loc="lower right", fontsize="small")
+    return figure

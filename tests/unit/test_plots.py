@@ -154,3 +154,22 @@ def test_the_profile_command_writes_its_plot(
     assert "sandfleet loop profile: run r1" in texts
     assert "verdict: rollout-sandbox -> raise the warm target" in texts
     assert "p50 0.200 s  p99 0.310 s" in texts
+
+
+def test_bars_figure_shows_every_bar_its_value_and_the_marks(tmp_path: Path) -> None:
+    figure = plots.bars_figure(
+        "writes per episode",
+        {"DELETE pods": 3.0, "PATCH pods": 2.0, "POST events": 1.0},
+        "apiserver writes per episode",
+        marks={"target without recycling": 1.5},
+    )
+    plots.save(figure, tmp_path / "bars.svg")
+    texts = _texts(tmp_path / "bars.svg")
+    for expected in ("writes per episode", "DELETE pods", "POST events", "3", "apiserver writes per episode"):
+        assert expected in texts
+    assert "target without recycling" in texts
+
+
+def test_bars_figure_with_no_bars_is_still_a_figure(tmp_path: Path) -> None:
+    plots.save(plots.bars_figure("nothing measured", {}, "count"), tmp_path / "empty.svg")
+    assert "nothing measured" in _texts(tmp_path / "empty.svg")

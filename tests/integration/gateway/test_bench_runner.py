@@ -180,5 +180,5 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     rl = results["benchmarks"]["rl_loop"]["runs"][0]
     assert rl["episodes"] > 0
     assert rl["profile"]["verdict"]["bottleneck"]
-    for plot in ("fill-scale.svg", "latency-gateway.svg", "loop-profile.svg"):
+    for plot in ("fill-scale.svg", "latency-gateway.svg", "loop-profile.svg", "writes-per-episode.svg"):
         assert ET.parse(tmp_path / plot).getroot().tag == f"{SVG}svg", plot
