@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
 from sandfleet.core.model import pool_from_object
 from sandfleet.core.pods import sandbox_pod
 from tests.support.kube import Kubectl, wait_until
@@ -102,18 +103,23 @@ def _patch(kube: Kubectl, kind: str, name: str, metadata: dict[str, Any]) -> sub
 
 def test_gateway_may_mark_leases_on_sandbox_pods(installed: Kubectl) -> None:
     installed.apply(_sandbox(str(installed.namespace)))
-    lease = {
-        "labels": {api.LEASE_STATE_LABEL: api.LEASE_LEASED, api.RUN_LABEL: "r1"},
-        "annotations": {api.LEASE_ANNOTATION: "{}", api.LEASE_EXPIRES_ANNOTATION: "1.0"},
-    }
+    # The gateway's own patches, every label and annotation it writes (a keyed lease, then the
+    # claim taken back and a release).
+    record = LeaseRecord("ns.python-0a1b2c3d", "python", "actor", 1.0, 61.0, 60, {"run": "r1"}, "key-1")
+    lease = lease_metadata(record)
     # A fresh binding reaches the admission chain within a moment: retry the allowed write until then.
     wait_until(
         lambda: _patch(installed, "pod", "python-0a1b2c3d", lease).returncode == 0,
         timeout=30,
         what="the gateway's lease patch",
     )
-    release = {"labels": {api.LEASE_STATE_LABEL: api.LEASE_FREE, api.RUN_LABEL: None}}
-    assert _patch(installed, "pod", "python-0a1b2c3d", release).returncode == 0
+    older = {
+        "labels": {api.LEASE_STATE_LABEL: api.LEASE_LEASED},
+        "annotations": {api.LEASE_EXPIRES_ANNOTATION: "1.0"},
+    }
+    for metadata in (unclaim_metadata(), older, lease_metadata(record), release_metadata()):
+        written = _patch(installed, "pod", "python-0a1b2c3d", metadata)
+        assert written.returncode == 0, (metadata, written.stderr)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod
@@ -17,6 +19,32 @@ def key_owner(holder: str, idempotency_key: str) -> KeyOwner:
     one entry, and one tenant's retry would join (and get the leases of) another tenant's acquire.
     """
     return (holder, idempotency_key)
+
+
+def request_fingerprint(
+    *,
+    pool: str,
+    image: str | None,
+    count: int,
+    least: int,
+    ttl_seconds: int | None,
+    labels: Mapping[str, str],
+    regions: Sequence[str],
+    policy_version: int | None,
+) -> str:
+    """A short hash of what a keyed acquire asked for (all but how long it waits).
+
+    A retry sends the same body again; the same key with another body is a different request, and
+    answering it with the first one's leases (or adding to them) would answer a question it did not
+    ask.
+    """
+    asked = [pool, image, count, least, ttl_seconds, sorted(labels.items()), list(regions), policy_version]
+    return hashlib.sha256(json.dumps(asked, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def asked_otherwise(leases: Sequence[LeaseRecord], fingerprint: str) -> bool:
+    """Whether a key's live leases were claimed for a request other than `fingerprint`."""
+    return any(lease.request is not None and lease.request != fingerprint for lease in leases)
 
 
 def still_to_claim(count: int, least: int, found: int) -> tuple[int, int]:

@@ -38,6 +38,9 @@ class LeaseRecord:
     policy_version: int | None = None
     # The acquire attempt that claimed (or a retry that adopted) it: one answer's leases share it.
     attempt: str | None = None
+    # What the keyed acquire that claimed it asked for (lease_keys.request_fingerprint): a retry
+    # with the key must ask for the same. None on leases without a key, or of older gateways.
+    request: str | None = None
 
     @property
     def run(self) -> str | None:

@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
-from sandfleet.core.lease_keys import KeyOwner, adoptable, key_owner, still_to_claim
+from sandfleet.core.lease_keys import (
+    KeyOwner,
+    adoptable,
+    asked_otherwise,
+    key_owner,
+    request_fingerprint,
+    still_to_claim,
+)
 from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
 from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_plan
@@ -45,6 +52,18 @@ class LeaseGone(LookupError):
 
 class NotTheHolder(PermissionError):
     """The caller may not touch this lease: another caller holds it (the client sees `Forbidden`)."""
+
+
+class KeyReused(ValueError):
+    """The idempotency key is in use for a different request (422)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} is in use for a different request (its pool, image, count, "
+            "min_count, ttl_seconds, labels, regions or policy_version differ): to retry that request, "
+            "send exactly its body again; for a new request, use a new key (a key is free again once "
+            "its leases have ended)"
+        )
 
 
 class PoolQueueFull(RuntimeError):
@@ -86,6 +105,7 @@ class LeaseRequest:
     wait_seconds: float = 30.0
     min_count: int | None = None  # below `count`: a batch (up to count); None or count: a group
     attempt: str | None = None  # set per keyed attempt: the leases it claims carry it
+    asked: str | None = None  # set on a keyed request: its request_fingerprint, on every lease it claims
 
     @property
     def least(self) -> int:
@@ -150,6 +170,7 @@ class _Shared:
     """One acquire shared by the retries of a request (same idempotency key) that await it."""
 
     task: asyncio.Future[Granted]
+    asked: str  # the request's fingerprint: another request with the key must not join it
     callers: int = 0
 
 
@@ -247,6 +268,16 @@ class LeaseService:
     async def _acquire_once(self, request: LeaseRequest, shelf: Shelf, ttl: int) -> Granted:
         """A retried request with the same idempotency key gets the same leases, never new ones."""
         key = key_owner(request.holder, request.idempotency_key or "")
+        asked = request_fingerprint(
+            pool=request.pool,
+            image=request.image,
+            count=request.count,
+            least=request.least,
+            ttl_seconds=request.ttl_seconds,
+            labels=request.labels,
+            regions=request.regions,
+            policy_version=request.policy_version,
+        )
         shared = self._by_idempotency_key.get(key)
         if shared is None or shared.task.cancelled():
             # What an earlier attempt (at any replica) claimed or was answered with, as the truth
@@ -254,16 +285,20 @@ class LeaseService:
             await self.backend.refresh_keyed(*key)
             shared = self._by_idempotency_key.get(key)  # one may have started during the read
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
-            request = replace(request, attempt=uuid.uuid4().hex)
+            request = replace(request, attempt=uuid.uuid4().hex, asked=asked)
             found = self._leases_with_key(request.idempotency_key or "", request.holder)
+            if asked_otherwise([lease for lease, _ in found], asked):
+                raise KeyReused(request.idempotency_key or "")
             chosen = adoptable([lease for lease, _ in found], request.count, request.least)
             taken = {lease.id for lease in chosen}
             earlier = await self._adopt([f for f in found if f[0].id in taken], request.attempt)
             if earlier and not still_to_claim(request.count, request.least, len(earlier))[0]:
                 return Granted(earlier, 0.0, 0.0, 0)  # a group's or a batch's: the same leases
-            shared = _Shared(asyncio.ensure_future(self._acquire_rest(request, shelf, ttl, earlier)))
+            shared = _Shared(asyncio.ensure_future(self._acquire_rest(request, shelf, ttl, earlier)), asked)
             self._by_idempotency_key[key] = shared
             shared.task.add_done_callback(functools.partial(self._forget, key, shared))
+        elif shared.asked != asked:
+            raise KeyReused(request.idempotency_key or "")
         shared.callers += 1
         try:
             return await asyncio.shield(shared.task)
@@ -300,8 +335,8 @@ class LeaseService:
 
         Below its minimum, answering with what it adopted would break the minimum, so the rest is
         claimed under the same key. If that fails, what was adopted stays leased until its TTL,
-        never put back warm: it may be an answer its caller holds (the key reused with a larger
-        count), and a lease must not vanish from under its holder.
+        never put back warm: it may be what is left of an answer its caller holds (and released
+        part of), and a lease must not vanish from under its holder.
         """
         if not earlier:
             return await self._acquire(request, shelf, ttl)
@@ -567,6 +602,7 @@ class LeaseService:
             idempotency_key=request.idempotency_key,
             policy_version=request.policy_version,
             attempt=request.attempt,
+            request=request.asked,
         )
 
     def _cancel(self, queue: _PoolQueue, waiter: _Waiter) -> None:

@@ -201,6 +201,12 @@ def test_idempotency_key_returns_the_same_lease(pool: Pool, start_gateway: Gatew
         assert first.status_code == retried.status_code == 201
         assert retried.json()["leases"][0]["id"] == first.json()["leases"][0]["id"]
         assert len(pool.leases_on_pods()) == 1
+        # The same key for a different request (another count) is refused, with what to do.
+        other = acquire(client, idempotency_key="episode-42", count=2)
+        assert other.status_code == 422, other.text
+        assert other.json()["error"] == "idempotency_key_reused"
+        assert "use a new key" in other.json()["detail"]
+        assert len(pool.leases_on_pods()) == 1
 
 
 def test_bulk_release_by_run(pool: Pool, start_gateway: GatewayFactory) -> None:

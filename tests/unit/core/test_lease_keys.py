@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.lease_keys import adoptable, still_to_claim
+from sandfleet.core.lease_keys import adoptable, asked_otherwise, request_fingerprint, still_to_claim
 from sandfleet.core.leases import LeaseRecord
 
 
@@ -86,3 +86,45 @@ def test_what_a_retry_adopts_is_one_attempt_or_everything_and_never_above_its_co
         assert by_attempt[chosen[0].attempt] >= least
     else:
         assert len(chosen) == min(count, len(leases))
+
+
+BODY: dict[str, object] = {
+    "pool": "python",
+    "image": None,
+    "count": 8,
+    "least": 4,
+    "ttl_seconds": 600,
+    "labels": {"run": "r1", "episode": "3"},
+    "regions": ["us-east1"],
+    "policy_version": 7,
+}
+OTHER_VALUES: dict[str, object] = {
+    "pool": "python2",
+    "image": "task:1",
+    "count": 9,
+    "least": 8,
+    "ttl_seconds": None,
+    "labels": {"run": "r2", "episode": "3"},
+    "regions": ["us-east1", "europe-west4"],
+    "policy_version": None,
+}
+
+
+def test_the_same_request_has_the_same_fingerprint_whatever_the_order_of_its_labels() -> None:
+    reordered = {**BODY, "labels": {"episode": "3", "run": "r1"}}
+    assert request_fingerprint(**BODY) == request_fingerprint(**reordered)  # type: ignore[arg-type]
+
+
+@given(field=st.sampled_from(sorted(BODY)))
+def test_any_field_asked_otherwise_is_another_request(field: str) -> None:
+    other = {**BODY, field: OTHER_VALUES[field]}
+    assert request_fingerprint(**BODY) != request_fingerprint(**other)  # type: ignore[arg-type]
+
+
+def test_leases_of_older_gateways_say_nothing_of_what_was_asked() -> None:
+    asked = request_fingerprint(**BODY)  # type: ignore[arg-type]
+    mine = LeaseRecord("ns.a", "python", "actor", 1.0, 61.0, 60, idempotency_key="k", request=asked)
+    older = LeaseRecord("ns.b", "python", "actor", 1.0, 61.0, 60, idempotency_key="k")
+    other = LeaseRecord("ns.c", "python", "actor", 1.0, 61.0, 60, idempotency_key="k", request="0" * 16)
+    assert not asked_otherwise([mine, older], asked)
+    assert asked_otherwise([mine, older, other], asked)

@@ -11,7 +11,7 @@ import pytest
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.gateway.leasing import LeaseService, WaitTimeout
+from sandfleet.gateway.leasing import KeyReused, LeaseService, WaitTimeout
 from tests.support.backends import POOL, MemoryBackend, request
 
 
@@ -264,3 +264,40 @@ async def test_a_retry_at_a_replica_whose_watch_lags_gets_the_whole_answer() -> 
     again = await LeaseService(other).acquire(request(count=10, min_count=6, idempotency_key="step-1"))
     assert sorted(lease.id for lease, _ in again.leases) == ids
     assert other.refreshed == 1
+
+
+async def test_a_key_in_use_for_another_request_is_refused_and_changes_nothing() -> None:
+    # Found by the lease state machine: count 1 under a key, then count 2 under it, freed the one
+    # lease the holder had been answered with when the second could not be met.
+    backend = MemoryBackend()
+    warm(backend, 3)
+    service = LeaseService(backend)
+    first = await service.acquire(request(count=1, idempotency_key="k1"))
+    held = {lease.id: lease for lease, _ in first.leases}
+    with pytest.raises(KeyReused, match="in use for a different request"):
+        await service.acquire(request(count=2, idempotency_key="k1"))
+    assert leased(backend) == set(held)
+    assert {s.key: s.lease for s in backend.items.values() if s.lease} == held  # not even renewed
+    again = await service.acquire(request(count=1, idempotency_key="k1"))
+    assert {lease.id for lease, _ in again.leases} == set(held)
+
+
+async def test_another_request_cannot_join_one_in_flight_under_its_key() -> None:
+    backend = MemoryBackend()
+    service = LeaseService(backend)
+    waiting = asyncio.create_task(service.acquire(request(count=2, wait_seconds=5, idempotency_key="k1")))
+    await asyncio.sleep(0.02)
+    with pytest.raises(KeyReused):
+        await service.acquire(request(count=3, wait_seconds=5, idempotency_key="k1"))
+    warm(backend, 2)
+    assert len((await asyncio.wait_for(waiting, 2)).leases) == 2
+
+
+async def test_a_key_is_free_again_once_its_leases_have_ended() -> None:
+    backend = MemoryBackend()
+    warm(backend, 3)
+    service = LeaseService(backend)
+    first = await service.acquire(request(count=1, idempotency_key="k1"))
+    assert await service.release(first.leases[0][0].id, first.leases[0][0].holder)
+    second = await service.acquire(request(count=2, idempotency_key="k1"))
+    assert len(second.leases) == 2

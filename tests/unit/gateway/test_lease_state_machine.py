@@ -14,6 +14,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
 from sandfleet.gateway.leasing import (
+    KeyReused,
     LeaseGone,
     LeaseRequest,
     LeaseService,
@@ -48,6 +49,8 @@ class LeaseMachine(RuleBasedStateMachine):
         # lease id -> (holder, run, expires_at) for every lease the model believes is live
         self.live: dict[str, tuple[str, str | None, float]] = {}
         self.ended: set[str] = set()  # released, expired, stolen or reaped: never valid again
+        # lease id -> (idempotency key, what the request asked for) for the keyed ones
+        self.asked: dict[str, tuple[str, tuple[object, ...]]] = {}
         self.granted_ever: list[str] = []
 
     def teardown(self) -> None:
@@ -142,6 +145,12 @@ class LeaseMachine(RuleBasedStateMachine):
         least: int | None,
     ) -> Any:
         min_count = None if least is None else min(least, count)
+        asked = (count, count if min_count is None else min_count, ttl, run, region)
+        # The key is in use for another request while a live lease of the holder's carries it.
+        reused = key is not None and any(
+            self.asked.get(i, ("", ()))[0] == key and self.asked[i][1] != asked and h == holder
+            for i, (h, _, _) in self.live.items()
+        )
         request = LeaseRequest(
             pool="python",
             holder=holder,
@@ -159,10 +168,15 @@ class LeaseMachine(RuleBasedStateMachine):
             assert ttl is not None
             assert ttl <= 0 or ttl > 600
             return multiple()
+        except KeyReused:
+            assert reused, "a retry of the same request was refused as another request"
+            return multiple()
         except (WaitTimeout, PoolQueueFull):
+            assert not reused, "a key in use for another request was queued"
             if key is not None:
                 self._renewed_by_a_retry(holder, key)
             return multiple()
+        assert not reused, "a key in use for another request was answered"
         if key is None:
             assert request.least <= len(granted.leases) <= count, "all or nothing, or a batch's range"
         ids = []
@@ -181,6 +195,8 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert self.live[lease.id][0] == holder
                 self.live[lease.id] = (holder, self.live[lease.id][1], lease.expires_at)
             ids.append(lease.id)
+            if key is not None:
+                self.asked[lease.id] = (key, asked)
         return multiple(*ids)
 
     @rule(lease_id=leases, holder=st.sampled_from(HOLDERS))

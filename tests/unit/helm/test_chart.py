@@ -17,6 +17,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from sandfleet.controller import metrics as operator_metrics
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
 from sandfleet.core.model import pool_from_object
 from sandfleet.core.pods import sandbox_pod
 from sandfleet.gateway.app import ROUTERS
@@ -827,3 +828,21 @@ def test_your_own_rollout_worker_replaces_the_actor_image_and_command() -> None:
     } <= env
     (learner,) = named(docs, "Deployment", "sandfleet-learner")["spec"]["template"]["spec"]["containers"]
     assert learner["image"] == f"localhost/sandfleet/sandfleet:{VERSION}"  # unchanged: the product image
+
+
+def test_the_gateway_writes_policy_admits_every_lease_key_the_gateway_writes() -> None:
+    # The lease-key label was added to the gateway's patches and not to the policy once: every
+    # claim through the chart's gateway was refused by the apiserver.
+    (policy,) = [
+        p
+        for p in objects(render(), "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-gateway-writes")
+    ]
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "leaseKeys"]
+    admitted = set(json.loads(variable["expression"]))
+    lease = LeaseRecord("ns.p", "python", "actor", 1.0, 61.0, 60, labels={"run": "r"}, idempotency_key="k")
+    written: set[str] = set()
+    for patch in (lease_metadata(lease), release_metadata(), unclaim_metadata()):
+        for part in ("labels", "annotations"):
+            written |= set(patch.get(part, {}))
+    assert written == admitted

@@ -16,7 +16,14 @@ from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import NotAllowed, Unauthenticated
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import LeaseGone, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
+from sandfleet.gateway.leasing import (
+    KeyReused,
+    LeaseGone,
+    NotTheHolder,
+    PoolQueueFull,
+    UnknownName,
+    WaitTimeout,
+)
 from sandfleet.gateway.models import Problem
 from sandfleet.gateway.proxy import SandboxUnreachable
 from sandfleet.gateway.runs import InvalidRunName, NotYourRun, StalePolicy
@@ -49,6 +56,7 @@ PROBLEMS: dict[type[Exception], tuple[int, str]] = {
     UnknownName: (404, "not_found"),
     LeaseGone: (410, "lease_ended"),
     LeaseError: (422, "invalid_lease"),
+    KeyReused: (422, "idempotency_key_reused"),
     StalePolicy: (409, "policy_stale"),
     PolicyError: (409, "policy_conflict"),
     ProfileError: (422, "invalid_span"),
