@@ -298,14 +298,17 @@ def orphans(
 
     A released Pod, or one whose lease expired, must be on its way out by then; a Pod on its way
     out must be gone within `terminating_seconds`. While the apiserver is down (`outages`) nobody
-    can delete anything: the clock of a lease that ended then starts when it is back.
+    can delete anything: the clock of a lease that ended then starts when it is back, and one
+    that ended shortly before it stops for as long as it is down.
     """
     violations = []
     for pod in pods:
         reapable = pod.reapable_at()
-        for start, end in outages:
+        for start, end in sorted(outages):
             if reapable is not None and start <= reapable <= end:
                 reapable = end
+            elif reapable is not None and reapable < start <= reapable + reap_seconds:
+                reapable += end - start
         gone = pod.gone_at
         if reapable is not None:
             if gone is None and now - reapable > reap_seconds:

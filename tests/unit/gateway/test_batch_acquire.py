@@ -229,8 +229,8 @@ async def test_a_short_retry_gives_back_what_it_claimed_and_keeps_what_it_found(
     with pytest.raises(WaitTimeout):  # a group of 5: 2 found, 1 warm, never whole
         await service.acquire(request(count=5, wait_seconds=0.1, idempotency_key="group-1"))
     await asyncio.sleep(0.05)
-    # What it claimed went back warm; what it found may be an answer its caller holds (the key
-    # reused with a larger count), so it stays leased until its TTL, never freed from under it.
+    # What it claimed went back warm; what it found may be what is left of an answer its caller
+    # holds (and released part of), so it stays leased until its TTL, never freed from under it.
     assert leased(backend) == found
 
 

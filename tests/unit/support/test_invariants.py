@@ -163,6 +163,17 @@ def test_an_apiserver_outage_stops_the_reap_clock() -> None:
     assert orphans([during], now=200.0, reap_seconds=12.0, outages=[(100.5, 120.0)]) == []
 
 
+def test_an_outage_soon_after_a_lease_ended_stops_its_reap_clock_for_as_long_as_it_lasts() -> None:
+    # Seen in CI: released 0.3 s before the apiserver stopped for 23 s, reaped 1.8 s after it was back.
+    just_before = pod("sb-1", ("k1", 100.0), released_at=101.0, gone=125.8)
+    assert orphans([just_before], now=200.0, reap_seconds=12.0, outages=[(101.3, 124.3)]) == []
+    late = pod("sb-2", ("k2", 100.0), released_at=101.0, gone=140.0)
+    assert orphans([late], now=200.0, reap_seconds=12.0, outages=[(101.3, 124.3)])
+    # An outage after the reap window had already run out excuses nothing.
+    slow = pod("sb-3", ("k3", 100.0), released_at=101.0, gone=130.0)
+    assert orphans([slow], now=200.0, reap_seconds=12.0, outages=[(115.0, 120.0)])
+
+
 def test_warm_sandboxes_count_free_ready_pods_on_ready_nodes_per_region() -> None:
     def pod_object(name: str, state: str, ready: str, node: str, deleting: bool = False) -> dict[str, object]:
         metadata: dict[str, object] = {
