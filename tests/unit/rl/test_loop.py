@@ -160,7 +160,9 @@ async def test_a_fleet_failure_before_scoring_counts_as_infra_and_a_refusal_as_a
             Forbidden(403, "forbidden", "not your pool"),
         ]
     )
-    config = LoopConfig(run="r", think_seconds=0.0, batch_size=100)
+    # A little think time bounds the episodes: with none, a fast machine ran 10,000 in 1.5 s and
+    # filled the learner's inbox, an error of its own.
+    config = LoopConfig(run="r", think_seconds=0.001, batch_size=100)
     learner = Learner(as_fleet(fake), config, LoopStats())
     await learner.start()
     stop = asyncio.Event()
