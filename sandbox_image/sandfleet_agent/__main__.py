@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from sandfleet_agent import reaper, reset
+from sandfleet_agent import probe, reaper, reset
 from sandfleet_agent.evaluate import HARBOR_SOLUTION_DIR, HARBOR_TESTS_DIR, default_logs_dir
 from sandfleet_agent.server import AgentConfig, AgentServer
 from sandfleet_agent.users import parse_identity
@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"sandfleet-agent: cannot listen on {args.host}:{args.port}: {error.strerror}", file=sys.stderr)
         return 2
+
+    if pristine is not None:
+        # Taken listening and before anything runs: exactly what a reset must give back.
+        config.golden = probe.fingerprint([str(r) for r in reset_roots])
 
     def stop(signum: int, frame: FrameType | None) -> None:
         # shutdown() waits for serve_forever to return, so it cannot run on the serving thread.

@@ -9,6 +9,7 @@ import re
 import select
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,6 +37,10 @@ MIN_TOKEN_CHARS = 32
 MAX_PROBE_ROOTS = 64
 # Routes a kubelet or the local runtime probes without credentials.
 UNAUTHENTICATED = {"/v1/health", "/v1/ready"}
+# The header that says which episode of the sandbox a call belongs to (the gateway sends it).
+EPISODE_HEADER = "X-Sandfleet-Episode"
+# Routes only the runtime calls, between episodes: no episode fences them.
+UNFENCED = UNAUTHENTICATED | {"/v1/reset", "/v1/rekey", "/v1/probe"}
 
 
 @dataclass
@@ -54,6 +59,11 @@ class AgentConfig:
     # Where the writable roots were copied at start (POST /v1/reset puts them back); None: no reset.
     pristine: Path | None = None
     reset_roots: tuple[Path, ...] = ()
+    # The sandbox's episode: 0 until the first reset, which moves it on. A call of an earlier
+    # episode (one its gateway forwarded late) is refused, so it never reaches the next episode.
+    episode: int = 0
+    # The agent's own probe of the sandbox before anything ran in it: what a reset must restore.
+    golden: dict[str, object] | None = None
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -69,6 +79,7 @@ class AgentServer(ThreadingHTTPServer):
         owner = None if config.exec_user is None else (config.exec_user.uid, config.exec_user.gid)
         self.workspace = Workspace(config.root, owner=owner, extra_roots=config.extra_roots)
         self.jobs = jobs.JobTable()
+        self.reset_lock = threading.Lock()
         self.started_at = time.monotonic()
         self.base_env = base_environment(config.root, config.exec_user)
 
@@ -138,6 +149,8 @@ class AgentHandler(BaseHTTPRequestHandler):
             route, match = _find_route(method, split.path)
             if split.path not in UNAUTHENTICATED:
                 self._check_token()
+            if split.path not in UNFENCED:
+                self._check_episode()
             route(self, match)
         except AgentError as error:
             self._fail(error)
@@ -176,6 +189,17 @@ class AgentHandler(BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise AgentError(HTTPStatus.UNAUTHORIZED, "unauthorized", "missing or wrong bearer token")
+
+    def _check_episode(self) -> None:
+        given = self.headers.get(EPISODE_HEADER, "0")
+        current = self.server.config.episode
+        if given != str(current):
+            raise AgentError(
+                HTTPStatus.GONE,
+                "episode_ended",
+                f"this call belongs to episode {given!r} of the sandbox, which is now in episode "
+                f"{current}: the lease it was made under has ended",
+            )
 
     # --- request bodies -----------------------------------------------------------------------
 
@@ -288,6 +312,10 @@ class AgentHandler(BaseHTTPRequestHandler):
         For runtimes that cannot restore a checkpoint (a Pod): the runtime probes the result and
         rekeys the agent before the sandbox serves another episode.
         """
+        with self.server.reset_lock:  # two resets at once must not both move the episode
+            self._reset()
+
+    def _reset(self) -> None:
         config = self.server.config
         who = [user for user in (config.exec_user, config.verifier_user) if user is not None]
         if config.pristine is None or not who:
@@ -297,6 +325,18 @@ class AgentHandler(BaseHTTPRequestHandler):
                 "this agent resets only when started with --pristine-dir and --exec-user "
                 "(commands run as the agent itself cannot be told apart from it)",
             )
+        episode = self._json_body().get("episode", config.episode + 1)
+        if not isinstance(episode, int) or isinstance(episode, bool):
+            raise bad_request("episode must be an integer: the episode the reset sandbox serves next")
+        if episode <= config.episode:
+            # Another runtime call reset it already (two gateways releasing the same lease).
+            raise AgentError(
+                HTTPStatus.CONFLICT,
+                "episode_already_reset",
+                f"the sandbox is in episode {config.episode} already; a reset moves it past that",
+            )
+        # The fence moves first: from here on, no call of the ended episode gets in.
+        config.episode = episode
         started = time.monotonic()
         self.server.jobs.kill_all()
         self.server.jobs.forget_all()
@@ -309,7 +349,12 @@ class AgentHandler(BaseHTTPRequestHandler):
         reset.restore(config.reset_roots, config.pristine)
         done = time.monotonic()
         timings = {"kill_s": round(ended - started, 6), "restore_s": round(done - ended, 6)}
-        self._send_json(HTTPStatus.OK, {"reset": True, **timings})
+        # The probe the runtime compares with the golden one, in the same round trip.
+        seen = probe.fingerprint([str(root) for root in config.reset_roots])
+        self._send_json(
+            HTTPStatus.OK,
+            {"reset": True, "episode": episode, **timings, "probe": seen, "golden": config.golden},
+        )
 
     def probe(self, _: re.Match[str]) -> None:
         """What a reset probe compares with the golden sandbox's: processes, sockets, writable roots."""

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import SandboxPod, image_key
+from sandfleet.core.model import SandboxPod, image_key, sandbox_key
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.gateway.leasing import LeaseRequest
 
@@ -83,7 +83,7 @@ class MemoryBackend(IndexedReads):
         await self._write(current, api.LEASE_RELEASED, current.lease)
 
     async def fresh(self, lease_id: str) -> SandboxPod | None:
-        return self.items.get(lease_id)
+        return self.items.get(sandbox_key(lease_id))
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
         raise AssertionError("not used by the lease service")

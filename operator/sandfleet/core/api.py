@@ -45,11 +45,17 @@ MANAGED_BY: Final = "sandfleet"
 LEASE_FREE: Final = "free"
 LEASE_LEASED: Final = "leased"
 LEASE_RELEASED: Final = "released"
+# Reset after its run's episode and waiting for that run's next lease (a pool with spec.recycle).
+LEASE_RESERVED: Final = "reserved"
 
 # Annotations on sandbox Pods.
 LEASE_ANNOTATION: Final = f"{GROUP}/lease"  # JSON, see sandfleet.core.leases.LeaseRecord (holds the expiry)
 # Unix seconds: written by versions before the expiry moved into LEASE_ANNOTATION alone; now cleared on
 # every lease write, and read only on a Pod that has no lease record.
 LEASE_EXPIRES_ANNOTATION: Final = f"{GROUP}/lease-expires-at"
+# On a recycled Pod: how many episodes it has served (its agent's episode number; absent means 0).
+EPISODES_ANNOTATION: Final = f"{GROUP}/episodes"
+# On a reserved Pod: JSON {holder, run, since}, whose next lease of that run it waits for since when.
+RESERVED_ANNOTATION: Final = f"{GROUP}/reserved"
 
 SANDBOX_CONTAINER: Final = "sandbox"

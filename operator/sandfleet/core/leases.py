@@ -77,6 +77,7 @@ def lease_metadata(lease: LeaseRecord) -> dict[str, Any]:
         "labels": labels,
         "annotations": {
             api.LEASE_ANNOTATION: json.dumps(asdict(lease), sort_keys=True),
+            api.RESERVED_ANNOTATION: None,
             # The expiry is written once, inside the record. Versions before it also wrote this
             # annotation: removing it means an operator of that version never reads a stale expiry.
             api.LEASE_EXPIRES_ANNOTATION: None,
@@ -92,6 +93,42 @@ def lease_key_label(holder: str, idempotency_key: str) -> str:
 def release_metadata() -> dict[str, Any]:
     """The merge-patch body that marks a Pod's lease released (the operator then deletes it)."""
     return {"labels": {api.LEASE_STATE_LABEL: api.LEASE_RELEASED}}
+
+
+def reserve_metadata(holder: str, run: str, episodes: int, now: float) -> dict[str, Any]:
+    """The merge-patch body that ends a lease on a reset Pod and keeps it for the run's next lease.
+
+    The run label stays (kubectl shows whose it is); the lease and its key go, as on an unclaim.
+    """
+    return {
+        "labels": {api.LEASE_STATE_LABEL: api.LEASE_RESERVED, api.LEASE_KEY_LABEL: None},
+        "annotations": {
+            api.LEASE_ANNOTATION: None,
+            api.LEASE_EXPIRES_ANNOTATION: None,
+            api.EPISODES_ANNOTATION: str(episodes),
+            api.RESERVED_ANNOTATION: json.dumps({"holder": holder, "run": run, "since": now}, sort_keys=True),
+        },
+    }
+
+
+def reservation_from_annotations(
+    annotations: dict[str, str] | None,
+) -> tuple[tuple[str, str], float] | None:
+    """((holder, run), since) of a reserved Pod, or None if it has none (or an unreadable one)."""
+    raw = (annotations or {}).get(api.RESERVED_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return (str(data["holder"]), str(data["run"])), float(data["since"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def episodes_from_annotations(annotations: dict[str, str] | None) -> int:
+    """How many episodes a Pod has served and been reset after (0 when never, or unreadable)."""
+    raw = (annotations or {}).get(api.EPISODES_ANNOTATION, "0")
+    return int(raw) if raw.isdigit() and len(raw) < 10 else 0
 
 
 def unclaim_metadata() -> dict[str, Any]:

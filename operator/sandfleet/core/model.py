@@ -133,7 +133,7 @@ class PoolSpec:
     template: Template
     autoscaling: AutoscalingSpec = AutoscalingSpec()
     lease: LeaseSpec = LeaseSpec()
-    recycle: RecyclePolicy | None = None  # spec.recycle: honoured by the local runtime only, so far
+    recycle: RecyclePolicy | None = None  # spec.recycle (docs/operator.md)
 
     @property
     def key(self) -> str:
@@ -163,18 +163,39 @@ def object_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def lease_id(namespace: str, name: str) -> str:
-    """A sandbox's key and lease id, `ns.name` (public: clients hold it; a Pod is leased once).
+# Between a lease id's sandbox and its episode (never in a Pod name, unreserved in a URL).
+EPISODE_MARK = "~"
 
-    A namespace is a DNS label and holds no dot, so the first dot splits it back (`split_lease_id`).
+
+def lease_id(namespace: str, name: str, episode: int = 0) -> str:
+    """A lease id: `ns.name` for a sandbox's first episode, `ns.name~N` for its episode N (recycled).
+
+    A namespace is a DNS label and holds no dot, so the first dot splits it back (`split_lease_id`);
+    a Pod name holds no `~`. Each episode of a recycled sandbox has a lease id of its own, so a call
+    made under an ended episode's lease never reaches the next one.
     """
-    return f"{namespace}.{name}"
+    return f"{namespace}.{name}" if episode == 0 else f"{namespace}.{name}{EPISODE_MARK}{episode}"
+
+
+def sandbox_key(value: str) -> str:
+    """The key of the sandbox a lease id names (the id without its episode)."""
+    return value.partition(EPISODE_MARK)[0]
+
+
+def lease_episode(value: str) -> int | None:
+    """The episode a lease id names (0 without a mark), None when its mark is not a number."""
+    _, mark, episode = value.partition(EPISODE_MARK)
+    if not mark:
+        return 0
+    return int(episode) if episode.isdigit() and len(episode) < 10 else None
 
 
 def split_lease_id(value: str) -> tuple[str, str] | None:
     """(namespace, pod name) of a lease id, or None when it is not one of ours."""
-    namespace, dot, name = value.partition(".")
-    if not dot or not namespace or not name or len(value) > 317:
+    if len(value) > 317 or lease_episode(value) is None:
+        return None
+    namespace, dot, name = sandbox_key(value).partition(".")
+    if not dot or not namespace or not name:
         return None
     return namespace, name
 
@@ -193,7 +214,7 @@ class SandboxPod:
     pool: str
     region: str
     resource_version: str = ""
-    state: str = api.LEASE_FREE  # the lease state: api.LEASE_FREE / LEASE_LEASED / LEASE_RELEASED
+    state: str = api.LEASE_FREE  # the lease state: api.LEASE_FREE / _LEASED / _RELEASED / _RESERVED
     # Ready condition true *and* phase Running: a Pod whose phase moved on is never leased.
     ready: bool = False
     terminating: bool = False  # deletionTimestamp set
@@ -216,6 +237,11 @@ class SandboxPod:
     unready_since: float | None = None
     prewarm: bool = False
     managed: bool = True  # labelled managed-by sandfleet: only those are the operator's to plan and delete
+    # Episodes it has served and been reset after (a recycling pool's; its agent's episode number).
+    episodes: int = 0
+    # Reserved (state LEASE_RESERVED): the (holder, run) whose next lease it waits for, and since when.
+    reserved_for: tuple[str, str] | None = None
+    reserved_since: float | None = None
 
     @property
     def key(self) -> str:
@@ -233,6 +259,15 @@ class SandboxPod:
     @property
     def warm(self) -> bool:
         return self.free and self.ready and not self.terminating
+
+    @property
+    def reserved(self) -> bool:
+        return self.state == api.LEASE_RESERVED
+
+    @property
+    def next_lease_id(self) -> str:
+        """The id its next lease gets: one per episode."""
+        return lease_id(self.namespace, self.name, self.episodes)
 
     @property
     def lease_expires_at(self) -> float | None:

@@ -15,6 +15,7 @@ from sandfleet.core import api
 from sandfleet.core.leases import lease_expired
 from sandfleet.core.model import PoolSpec, RegionSpec, SandboxPod, Template
 from sandfleet.core.placement import RegionCapacity, ideal_split, pick_zones, split_target
+from sandfleet.core.recycle import RESERVED_IDLE_SECONDS, RecyclePolicy
 
 # Consecutive sandboxes that never got Ready before the pool is Degraded and replacements back off.
 DEGRADED_AFTER_FAILURES = 3
@@ -33,6 +34,10 @@ TEMPLATE_CHANGED = "template-changed"
 SURPLUS = "surplus"
 OVER_MAXIMUM = "over-maximum"
 ZONE_GONE = "zone-gone"
+# A reset sandbox its run did not lease again in time, one past the pool's age bound, or one kept
+# for a pool that stopped recycling (see core.recycle).
+RESERVED_IDLE = "reserved-idle"
+RECYCLE_RETIRED = "recycle-retired"
 FAILURE_REASONS = frozenset({BROKEN, NOT_READY_IN_TIME})
 
 
@@ -179,7 +184,12 @@ def plan_pool(
     specs = {r.name: r for r in pool.regions}
     base = groups[0].key if groups else ""
     rules = _Rules(
-        frozenset(g.key for g in groups), capacity, nodes_ready, pool.template.readiness_deadline_seconds, now
+        frozenset(g.key for g in groups),
+        capacity,
+        nodes_ready,
+        pool.template.readiness_deadline_seconds,
+        now,
+        pool.recycle,
     )
     regions = {name: _Region() for name in specs}
     observed = _classify(sandboxes, regions, rules, groups[0].key if groups else None)
@@ -220,6 +230,7 @@ class _Rules:
     nodes_ready: Mapping[str, bool]
     deadline: float
     now: float
+    recycle: RecyclePolicy | None = None
 
 
 def _classify(
@@ -248,6 +259,12 @@ def _classify_one(sandbox: SandboxPod, region: _Region | None, rules: _Rules) ->
     now, deadline = rules.now, rules.deadline
     if sandbox.state == api.LEASE_RELEASED:
         return Delete(sandbox.name, RELEASED)
+    if sandbox.reserved:
+        retired = _retire_reserved(sandbox, rules)
+        if retired is None and region is not None:
+            region.leased += 1  # its run's: counted like a lease, never warm for anyone else
+            region.zones[sandbox.zone or ""] += 1
+        return retired
     if not sandbox.free:
         # Leased (or a state this operator does not know): never touched until the lease ends.
         if sandbox.leased and lease_expired(sandbox.lease_expires_at, now):
@@ -280,6 +297,21 @@ def _classify_one(sandbox: SandboxPod, region: _Region | None, rules: _Rules) ->
         region.standins.append(sandbox)
         return None
     return Delete(sandbox.name, TEMPLATE_CHANGED)
+
+
+def _retire_reserved(sandbox: SandboxPod, rules: _Rules) -> Delete | None:
+    """Why a reserved sandbox goes now (idle too long, too old, recycling off, lost), or None."""
+    policy, now = rules.recycle, rules.now
+    since = sandbox.reserved_since if sandbox.reserved_since is not None else sandbox.created_at
+    if policy is None or now - sandbox.created_at >= policy.max_seconds:
+        return Delete(sandbox.name, RECYCLE_RETIRED)
+    if now - since > RESERVED_IDLE_SECONDS:
+        return Delete(sandbox.name, RESERVED_IDLE)
+    if sandbox.broken or not sandbox.ready:
+        return Delete(sandbox.name, LOST_READINESS)
+    if sandbox.node is not None and rules.nodes_ready.get(sandbox.node) is False:
+        return Delete(sandbox.name, NODE_NOT_READY, force=True)
+    return None
 
 
 # -- phase 2: failures and backoff ---------------------------------------------------------------

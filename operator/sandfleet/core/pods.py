@@ -7,7 +7,11 @@ from typing import Any, Final
 
 from sandfleet.core import api
 from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token
-from sandfleet.core.leases import lease_from_annotations
+from sandfleet.core.leases import (
+    episodes_from_annotations,
+    lease_from_annotations,
+    reservation_from_annotations,
+)
 from sandfleet.core.model import (
     BROKEN_WAITING_REASONS,
     PREWARM_LABEL,
@@ -50,6 +54,10 @@ def sandbox_security_context() -> dict[str, Any]:
         "readOnlyRootFilesystem": False,
     }
 
+
+# Where a recycling pool's agent keeps the pristine copy of its writable roots (root only).
+PRISTINE_DIR_ENV: Final = "SANDFLEET_AGENT_PRISTINE_DIR"
+PRISTINE_DIR: Final = "/var/lib/sandfleet-agent/pristine"
 
 # What a sandbox may write to its node's disk (writable layer, logs) unless its template says.
 DEFAULT_EPHEMERAL_STORAGE: Final[Mapping[str, str]] = {"requests": "256Mi", "limits": "2Gi"}
@@ -126,6 +134,9 @@ def sandbox_pod(
     env = [{"name": k, "value": v} for k, v in template.env if k != AGENT_TOKEN_ENV]
     if agent_key is not None:
         env.append({"name": AGENT_TOKEN_ENV, "value": agent_token(agent_key, name)})
+    if pool.recycle is not None:
+        # The agent copies its writable roots here before it serves, so a reset can put them back.
+        env.append({"name": PRISTINE_DIR_ENV, "value": PRISTINE_DIR})
     if env:
         container["env"] = env
     container["resources"] = _sandbox_resources(template)
@@ -205,6 +216,8 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
     # A Pod that is no longer Running (finished, or its node unknown) must not be leased even while
     # its last Ready condition still says True.
     is_ready = bool(ready and ready.get("status") == "True") and status.get("phase") == "Running"
+    annotations = meta.get("annotations")
+    reservation = reservation_from_annotations(annotations)
     return SandboxPod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -216,8 +229,8 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
         terminating=bool(meta.get("deletionTimestamp")),
         address=status.get("podIP"),
         port=_agent_port(spec),
-        lease=lease_from_annotations(meta.get("annotations")),
-        expiry_annotation=_expiry_annotation(meta.get("annotations")),
+        lease=lease_from_annotations(annotations),
+        expiry_annotation=_expiry_annotation(annotations),
         created_at=parse_time(meta.get("creationTimestamp")) or 0.0,
         image_key=str(labels.get(api.IMAGE_KEY_LABEL, "")),
         image_digest=_image_digest(status),
@@ -229,6 +242,9 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
         unready_since=None if is_ready or not ready else parse_time(ready.get("lastTransitionTime")),
         prewarm=labels.get(PREWARM_LABEL) == "true",
         managed=labels.get(api.MANAGED_BY_LABEL) == api.MANAGED_BY,
+        episodes=episodes_from_annotations(annotations),
+        reserved_for=reservation[0] if reservation else None,
+        reserved_since=reservation[1] if reservation else None,
     )
 
 

@@ -8,7 +8,8 @@ from typing import Protocol
 
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.model import RegionSpec, SandboxPod, image_key
+from sandfleet.core.model import RegionSpec, SandboxPod, image_key, sandbox_key
+from sandfleet.core.recycle import RecyclePolicy
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 
 
@@ -31,6 +32,8 @@ class PoolInfo:
     other_images: bool = True
     # Images besides the template's that the pool always serves (the local runtime's `--image`s).
     served_images: tuple[str, ...] = ()
+    # spec.recycle: a released sandbox of a run is reset and kept for that run's next lease.
+    recycle: RecyclePolicy | None = None
 
     def serves(self, image: str) -> bool:
         """Whether `image` is the template's or one of `served_images` (compared by image key)."""
@@ -50,7 +53,8 @@ class Backend(Protocol):
 
     def sandboxes(self, pool: str | None = None) -> list[SandboxPod]: ...
 
-    def sandbox(self, lease_id: str) -> SandboxPod | None: ...
+    def sandbox(self, lease_id: str) -> SandboxPod | None:
+        """The sandbox a lease id names (of any of its episodes), from the index."""
 
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         """Sandboxes whose lease `holder` acquired with `idempotency_key` (any state), from an index."""
@@ -60,6 +64,12 @@ class Backend(Protocol):
 
         A retry decides what its caller was already answered with from them: another replica's
         writes must be seen in full, not as far as a watch has got.
+        """
+
+    def take_reserved(self, pool: str, image_key: str, holder: str, run: str, count: int) -> list[SandboxPod]:
+        """Up to `count` sandboxes kept for `holder`'s `run`, taken out of the index.
+
+        A recycling pool's, reset after the run's last episodes: its acquires claim them first.
         """
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
@@ -95,6 +105,53 @@ class Backend(Protocol):
         """Callers wait for `waiting` sandboxes of the shelf: a runtime that boots on demand starts some."""
 
 
+Reservation = tuple[str, str, str, str]  # (pool, image key, holder, run)
+
+
+class ReservedIndex:
+    """Reset sandboxes by whose next lease they wait for, so a lease of that run finds them in O(1)."""
+
+    def __init__(self) -> None:
+        self._by_reservation: dict[Reservation, dict[str, SandboxPod]] = {}
+        self._filed: dict[str, Reservation] = {}  # sandbox key -> where it is filed
+
+    def update(self, sandbox: SandboxPod) -> None:
+        self.remove(sandbox.key)
+        if (
+            sandbox.reserved
+            and sandbox.reserved_for is not None
+            and sandbox.ready
+            and not sandbox.terminating
+        ):
+            where = (sandbox.pool, sandbox.image_key, *sandbox.reserved_for)
+            self._by_reservation.setdefault(where, {})[sandbox.key] = sandbox
+            self._filed[sandbox.key] = where
+
+    def remove(self, key: str) -> None:
+        where = self._filed.pop(key, None)
+        if where is not None:
+            members = self._by_reservation[where]
+            del members[key]
+            if not members:
+                del self._by_reservation[where]
+
+    def take(self, pool: str, image: str, holder: str, run: str, count: int) -> list[SandboxPod]:
+        """Up to `count` sandboxes reserved for (holder, run) on the shelf, taken out of the index.
+
+        Taken, so that concurrent acquires of the run do not race for the same ones; whatever
+        becomes of the claim, the Pod's next change files it again.
+        """
+        members = self._by_reservation.get((pool, image, holder, run), {})
+        taken = list(members.values())[:count]
+        for sandbox in taken:
+            self.remove(sandbox.key)
+        return taken
+
+    def clear(self) -> None:
+        self._by_reservation.clear()
+        self._filed.clear()
+
+
 class SandboxIndex(MutableMapping[str, SandboxPod]):
     """Every backend's index: sandboxes by lease id, by pool, on warm shelves and by idempotency key.
 
@@ -107,6 +164,7 @@ class SandboxIndex(MutableMapping[str, SandboxPod]):
         self._by_pool: dict[str, dict[str, SandboxPod]] = {}  # so a lease scans its pool, not all
         self.shelves = WarmShelves()  # so a lease touches only the sandboxes it takes
         self.lease_keys = LeaseKeys()  # so a retried acquire does not scan every sandbox
+        self.reserved = ReservedIndex()  # so a run's next lease finds what its last one left, reset
         self.listeners: list[Callable[[SandboxPod], None]] = []
 
     def __getitem__(self, key: str) -> SandboxPod:
@@ -128,12 +186,14 @@ class SandboxIndex(MutableMapping[str, SandboxPod]):
         self._by_pool.setdefault(sandbox.pool, {})[key] = sandbox
         self.shelves.update(sandbox)
         self.lease_keys.update(sandbox)
+        self.reserved.update(sandbox)
 
     def __delitem__(self, key: str) -> None:
         sandbox = self._by_key.pop(key)
         self._forget_in_pool(sandbox)
         self.shelves.remove(sandbox)
         self.lease_keys.remove(key)
+        self.reserved.remove(key)
 
     def _forget_in_pool(self, sandbox: SandboxPod) -> None:
         members = self._by_pool.get(sandbox.pool)
@@ -147,6 +207,7 @@ class SandboxIndex(MutableMapping[str, SandboxPod]):
         self._by_pool.clear()
         self.shelves.clear()
         self.lease_keys.clear()
+        self.reserved.clear()
 
     def put(self, sandbox: SandboxPod) -> SandboxPod:
         """Store `sandbox` and tell the listeners."""
@@ -173,13 +234,16 @@ class IndexedReads:
         return self.index.in_pool(pool)
 
     def sandbox(self, lease_id: str) -> SandboxPod | None:
-        return self.index.get(lease_id)
+        return self.index.get(sandbox_key(lease_id))
 
     def warm(self, pool: str, image_key: str) -> WarmIndex:
         return self.index.shelves.shelf(pool, image_key)
 
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         return self.index.lease_keys.find(holder, idempotency_key)
+
+    def take_reserved(self, pool: str, image_key: str, holder: str, run: str, count: int) -> list[SandboxPod]:
+        return self.index.reserved.take(pool, image_key, holder, run, count)
 
     async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
         """Nothing: the index is the truth where one process holds every lease."""

@@ -16,13 +16,16 @@ from sandfleet.core.leases import (
     lease_key_label,
     lease_metadata,
     release_metadata,
+    reserve_metadata,
     unclaim_metadata,
 )
 from sandfleet.core.model import SandboxPod, image_key, split_lease_id
 from sandfleet.core.partition import owner
 from sandfleet.core.pods import sandbox_from_pod
+from sandfleet.core.recycle import recycle_verdict
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.gateway.kube_members import GatewayMembers
+from sandfleet.gateway.recycling import AgentResets
 from sandfleet.kube.client import APPLY_PATCH, MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
@@ -49,6 +52,7 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
         regions=tuple(r.name for r in pool.regions),
         image=pool.template.image,
         max_sandboxes=pool.max_sandboxes,
+        recycle=pool.recycle,
     )
 
 
@@ -61,8 +65,11 @@ class KubeBackend(IndexedReads):
         connect: Callable[[], Awaitable[ApiClient]] = connect,
         token_audiences: list[str] | None = None,
         replica: str | None = None,
+        resets: AgentResets | None = None,
     ) -> None:
         self.namespace = namespace
+        # Resets released sandboxes of recycling pools through their agents; None deletes them all.
+        self.resets = resets
         # This replica's name among the gateway replicas: each hands out its own share of the warm
         # Pods first (gateway.kube_members); None hands out oldest first, racing the others.
         self.replica = replica
@@ -105,13 +112,46 @@ class KubeBackend(IndexedReads):
     async def unclaim(self, sandbox: SandboxPod) -> None:
         # Conditional on the claim's own version: if anybody wrote since (a retry of the same
         # request adopted the lease through another replica), the lease is theirs and stays.
+        lease = sandbox.lease
+        if sandbox.episodes and lease is not None and lease.run:
+            # A recycled sandbox nobody received goes back to its run, never to warm for anyone.
+            back = reserve_metadata(lease.holder, lease.run, sandbox.episodes, time.time())
+        else:
+            back = unclaim_metadata()
         with contextlib.suppress(KubeError):
-            await self._patch(sandbox, unclaim_metadata())
+            await self._patch(sandbox, back)
 
     async def release(self, sandbox: SandboxPod) -> None:
+        if await self._recycled(sandbox):
+            return
         # Unconditional: releasing twice, or after a renewal elsewhere, must still release.
         with contextlib.suppress(KubeError):
             await self._patch(sandbox, release_metadata(), conditional=False)
+
+    async def _recycled(self, sandbox: SandboxPod) -> bool:
+        """Reset a recycling pool's sandbox and keep it for its run's next lease; False: delete it."""
+        pool, lease = self._pools.get(sandbox.pool), sandbox.lease
+        if self.resets is None or pool is None or lease is None or not lease.run:
+            return False
+        episodes = sandbox.episodes + 1
+        verdict = recycle_verdict(
+            pool.recycle, run=lease.run, episodes=episodes, born_at=sandbox.created_at, now=time.time()
+        )
+        if not verdict.recycle:
+            return False
+        result = await self.resets.reset(sandbox, episodes)
+        if result.already_reset:
+            return True  # another replica released it first and resets it: its release stands
+        if not result.clean:
+            log.warning("sandbox %s is not recycled: %s", sandbox.name, "; ".join(result.problems))
+            return False
+        # Unconditional like a release: its agent is in the next episode already, so no call of
+        # the ended one gets in, and nobody but this write makes it leasable for the run again.
+        with contextlib.suppress(KubeError):
+            await self._patch(
+                sandbox, reserve_metadata(lease.holder, lease.run, episodes, time.time()), conditional=False
+            )
+        return True
 
     async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
         # A LIST without a resourceVersion is a quorum read: every write that committed before it,
@@ -265,6 +305,8 @@ class KubeBackend(IndexedReads):
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.resets is not None:
+            await self.resets.close()
         await self.kube.close()
 
     async def _mark_synced(self) -> None:

@@ -12,7 +12,7 @@ import functools
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from sandfleet.core import api
@@ -25,7 +25,7 @@ from sandfleet.core.lease_keys import (
     still_to_claim,
 )
 from sandfleet.core.leases import LeaseError, LeaseRecord, choose_ttl
-from sandfleet.core.model import SandboxPod, image_key
+from sandfleet.core.model import SandboxPod, image_key, lease_episode
 from sandfleet.core.queueing import Admission, RateEstimator, admit, eta_per_place, serve_plan
 from sandfleet.core.quotas import (
     CapacityError,
@@ -432,9 +432,12 @@ class LeaseService:
                 raise PoolQueueFull(request.pool, admission)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(request, shelf, ttl, now, loop.create_future())
+        started = time.monotonic()
+        waiter.got = await self._claim_reserved(waiter)
+        if waiter.missing == 0:
+            return Granted(waiter.got, 0.0, time.monotonic() - started, 0, 0.0)
         queue.waiters.append(waiter)
         self._dispatch(shelf)
-        started = time.monotonic()
         try:
             try:
                 leases = await asyncio.wait_for(asyncio.shield(waiter.future), request.wait_seconds)
@@ -446,6 +449,39 @@ class LeaseService:
         waited = max(time.monotonic() - started - waiter.claim_seconds, 0.0)
         boot = self._boot_seconds(waiter, leases, waited)
         return Granted(leases, waited - boot, waiter.claim_seconds, position - 1, boot)
+
+    async def _claim_reserved(self, waiter: _Waiter) -> list[tuple[LeaseRecord, SandboxPod]]:
+        """Claim the sandboxes its run's earlier episodes left reset (a recycling pool's), first.
+
+        They are the run's alone, so no other caller's place in the queue is passed over.
+        """
+        request = waiter.request
+        run = request.labels.get("run")
+        if not run:
+            return []
+        kept = self.backend.take_reserved(*waiter.shelf, request.holder, run, request.count)
+        if not kept:
+            return []
+        now = self.clock()
+        attempts = [self._lease_for(waiter, sandbox, now) for sandbox in kept]
+        claims = asyncio.gather(
+            *(self.backend.claim(s, lease) for s, lease in zip(kept, attempts, strict=True)),
+            return_exceptions=True,
+        )
+
+        def claimed(results: Sequence[object]) -> list[tuple[LeaseRecord, SandboxPod]]:
+            pairs = zip(attempts, results, strict=True)
+            return [(lease, result) for lease, result in pairs if isinstance(result, SandboxPod)]
+
+        try:
+            got = claimed(await asyncio.shield(claims))
+        except asyncio.CancelledError:
+            # Its caller went away mid-claim: what lands goes back to the run, as nobody got it.
+            claims.add_done_callback(lambda done: self._give_back(claimed(done.result())))
+            raise
+        for _, sandbox in got:
+            self._track_holder(sandbox)
+        return got
 
     def _boot_seconds(
         self, waiter: _Waiter, leases: list[tuple[LeaseRecord, SandboxPod]], waited: float
@@ -592,7 +628,7 @@ class LeaseService:
     def _lease_for(self, waiter: _Waiter, sandbox: SandboxPod, now: float) -> LeaseRecord:
         request = waiter.request
         return LeaseRecord(
-            id=sandbox.key,
+            id=sandbox.next_lease_id,
             pool=request.pool,
             holder=request.holder,
             acquired_at=now,
@@ -673,6 +709,11 @@ class LeaseService:
             # Not (yet) a lease here: another replica may have just granted it and our watch lags
             # behind, so the source of truth decides before a holder is told its lease is unknown.
             sandbox = await self.backend.fresh(lease_id)
+        if sandbox is not None and _ended_episode(sandbox, lease_id, holder):
+            raise LeaseGone(
+                f"lease {lease_id!r} was released and its sandbox reset for another episode; "
+                "acquire a new one"
+            )
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
             raise UnknownName(f"no lease {lease_id!r}: it never existed or its sandbox is gone")
         lease = sandbox.lease
@@ -732,3 +773,12 @@ class LeaseService:
             if (run is None or lease.run == run) and (holder is None or lease.holder == holder):
                 found.append((lease, sandbox))
         return sorted(found, key=lambda pair: pair[0].acquired_at)
+
+
+def _ended_episode(sandbox: SandboxPod, lease_id: str, holder: str | None) -> bool:
+    """Whether `lease_id` names an earlier episode of `sandbox` (recycled since), asked by its holder."""
+    episode = lease_episode(lease_id)
+    if episode is None or episode >= sandbox.episodes:
+        return False
+    holders = {sandbox.lease.holder if sandbox.lease else None, (sandbox.reserved_for or (None,))[0]}
+    return holder is None or holder in holders

@@ -21,6 +21,7 @@ from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_LABELS, STARTUP_METRIC
 from sandfleet.core.quotas import CapacityError
 from sandfleet.core.recycle import RecyclePolicy, recycle_verdict, reserved_to_drop
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
+from sandfleet.gateway.recycling import reset_metrics
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.plan import demand_boots, idle_spares, prefetch_refusal, startup_phases, template_hash
 from sandfleet.local.pool import WarmPool
@@ -35,7 +36,6 @@ ENDED_MEMORY = 10_000  # ended leases remembered, so late calls get 410 rather t
 MAX_SANDBOXES = 64  # the most the local runtime ever holds, warm and leased, over all its images
 
 
-RESET_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 # Why a reset sandbox is not warm again: its restore failed, its probe did not match the golden
 # sandbox's, or it aged past the pool's bound while resetting; "recycled" when it is.
 RESET_RESULTS = ("recycled", "restore_failed", "probe_failed", "retired")
@@ -126,18 +126,8 @@ class LocalBackend(IndexedReads):
         # Recycling pools restore every sandbox from a golden snapshot, and reset it the same way.
         self.recycle = recycle
         self._create = runtime.create_restored if recycle is not None else runtime.create
-        self.resets = Counter(
-            "sandfleet_sandbox_resets",
-            "Sandboxes reset in place after an episode (recycling pools), by outcome.",
-            ["pool", "result"],
-            registry=None,
-        )
-        self.reset_seconds = Histogram(
-            "sandfleet_sandbox_reset_seconds",
-            "How long a reset took: teardown, restore from the golden snapshot, rekey and probe.",
-            ["pool"],
-            buckets=RESET_BUCKETS,
-            registry=None,
+        self.resets, self.reset_seconds = reset_metrics(
+            "How long a reset took: teardown, restore from the golden snapshot, rekey and probe."
         )
         if recycle is not None:
             for result in RESET_RESULTS:  # exported from the start, at zero

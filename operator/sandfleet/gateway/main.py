@@ -14,6 +14,7 @@ from sandfleet.gateway.auth import Authenticator, parse_token_file
 from sandfleet.gateway.kube import KubeBackend, connect
 from sandfleet.gateway.kube_members import ReplicasGauge, default_identity
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
+from sandfleet.gateway.recycling import AgentResets
 from sandfleet.gateway.run_peers import KubePeers
 from sandfleet.gateway.serving import guarded_protocol
 from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, GatewaySettings, TenantSettings
@@ -24,11 +25,13 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
     """A gateway app serving the pools of one namespace from the Kubernetes API."""
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_key = load_agent_key(settings)
+    resets = AgentResets(agent_key)
     backend = KubeBackend(
         settings.namespace,
         connect=connect,
         token_audiences=settings.token_audiences,
         replica=default_identity() if settings.share_warm else None,
+        resets=resets,
     )
     reviews = settings.auth == "kubernetes"
     tenancy = TenantSettings()
@@ -52,7 +55,7 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.kube),
         capacity=CapacitySettings(),
         tenancy=tenancy,
-        collectors=(ReplicasGauge(backend.replicas),),
+        collectors=(ReplicasGauge(backend.replicas), *resets.metrics()),
         peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
     )
     return create_app(runtime)

@@ -38,7 +38,9 @@ HOP_HEADERS = {
 # A request body is relayed byte for byte, so its length goes with it: without it the body goes
 # chunked, and an agent that answers before reading a chunked body (a 404, say) must close the
 # connection; the pool would hand that dying connection to the next caller, who would get a 502.
-REQUEST_DROP = HOP_HEADERS - {"content-length"}
+# The episode a call belongs to is the gateway's to say (its agent refuses calls of an ended one).
+EPISODE_HEADER = "x-sandfleet-episode"
+REQUEST_DROP = (HOP_HEADERS - {"content-length"}) | {EPISODE_HEADER}
 
 
 # How long past a call's own timeout the agent may take to answer before its sandbox counts as lost
@@ -114,21 +116,32 @@ class AgentProxy:
             if not flights:
                 del self._flights[sandbox_name]
 
-    def _headers(self, request: Request, sandbox_name: str) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_DROP}
-        if "transfer-encoding" in request.headers:
-            headers.pop("content-length", None)
+    def agent_headers(self, sandbox_name: str, episode: int) -> dict[str, str]:
+        """What every call to a sandbox's agent carries: its own token, and the lease's episode."""
+        headers = {EPISODE_HEADER: str(episode)}
         if self.agent_key is not None:
             headers["authorization"] = f"Bearer {agent_token(self.agent_key, sandbox_name)}"
         return headers
 
+    def _headers(self, request: Request, sandbox_name: str, episode: int) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_DROP}
+        if "transfer-encoding" in request.headers:
+            headers.pop("content-length", None)
+        return headers | self.agent_headers(sandbox_name, episode)
+
     async def forward(
-        self, request: Request, agent_url: str, path: str, stream: bool = False, sandbox: str = ""
+        self,
+        request: Request,
+        agent_url: str,
+        path: str,
+        stream: bool = False,
+        sandbox: str = "",
+        episode: int = 0,
     ) -> tuple[Response, float]:
         """Send the caller's request to sandbox `sandbox` at `agent_url + path`; response, agent time."""
         flight = self._track(sandbox)
         try:
-            return await self._forward(request, agent_url, path, stream, sandbox)
+            return await self._forward(request, agent_url, path, stream, sandbox, episode)
         except asyncio.CancelledError:
             if not flight.lost:
                 raise
@@ -139,7 +152,7 @@ class AgentProxy:
             self._untrack(sandbox, flight)
 
     async def _forward(
-        self, request: Request, agent_url: str, path: str, stream: bool, sandbox: str
+        self, request: Request, agent_url: str, path: str, stream: bool, sandbox: str, episode: int
     ) -> tuple[Response, float]:
         content, answer_within = await _content_and_bound(request, path)
         read = self.timeout if answer_within is None else min(self.timeout, answer_within)
@@ -147,7 +160,7 @@ class AgentProxy:
             request.method,
             agent_url + path,
             params=request.query_params,
-            headers=self._headers(request, sandbox),
+            headers=self._headers(request, sandbox, episode),
             content=content,
             timeout=httpx.Timeout(self.timeout, connect=5.0, write=self.write_timeout, read=read),
         )

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,9 +23,10 @@ import e2b
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.addresses import REAL_POD_CIDR
-from sandfleet.client import Fleet, Sandbox
+from sandfleet.client import Fleet, LeaseEnded, Sandbox
 from sandfleet.core import api
 from sandfleet.rl.tasks import DEFAULT_CATALOGUE, apply_edit, image_name, load_tasks
 from sandfleet.rl.tasks import build_image as build_task_image
@@ -106,7 +108,17 @@ def _values(cluster: RealCluster, path: Path) -> Path:
                 "regions": [{"name": "us-east1", "minWarm": 1}],
                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
                 "lease": {"defaultTTLSeconds": 600, "maxTTLSeconds": 3600},
-            }
+            },
+            {
+                # Reuses a run's sandboxes: the agent resets its own Pod between episodes.
+                "name": "recycled",
+                "image": SANDBOX_REF,
+                "imagePullPolicy": "Never",
+                "replicas": 1,
+                "regions": [{"name": "us-east1"}],
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                "recycle": {"maxEpisodes": 3, "maxSeconds": 3600},
+            },
         ],
         "networkPolicy": {
             "sandboxes": {"egress": [{"cidr": REAL_POD_CIDR, "ports": [{"port": ALLOWED_PORT}]}]},
@@ -191,6 +203,79 @@ def test_lease_exec_evaluate_release_through_the_gateway(install: Install) -> No
         what=f"the released sandbox's Pod {leased_pod} to be deleted",
     )
     wait_until(lambda: len(_ready_free(install)) == SANDBOXES, timeout=240, what="the pool to refill")
+
+
+def _pool_pods(install: Install, pool: str) -> dict[str, dict[str, Any]]:
+    pods = install.kube.json("get", "pods", "-l", f"{api.POOL_LABEL}={pool}")["items"]
+    return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+
+def _pod_writes(install: Install) -> Counter[str]:
+    """Writes the apiserver served on Pods ("POST pods", "PATCH pods", ...), by its own counters."""
+    writes: Counter[str] = Counter()
+    for family in text_string_to_metric_families(install.cluster.kubectl("get", "--raw", "/metrics")):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name != "apiserver_request_total" or labels.get("resource") != "pods":
+                continue
+            if labels.get("verb") in ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"):
+                resource = "/".join(filter(None, ("pods", labels.get("subresource"))))
+                writes[f"{labels['verb']} {resource}"] += int(sample.value)
+    return writes
+
+
+def _state(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["labels"].get(api.LEASE_STATE_LABEL))
+
+
+def test_a_recycling_pool_gives_its_run_the_reset_pod_back_and_makes_no_pod_per_episode(
+    install: Install,
+) -> None:
+    """On the real node: release resets the Pod in place (files, processes gone), its run's next lease
+    gets it back under a new lease id, the ended lease reaches nothing, and no Pod comes or goes."""
+    wait_until(
+        lambda: any(_state(p) == api.LEASE_FREE for p in _pool_pods(install, "recycled").values()),
+        timeout=240,
+        what="a warm sandbox in the recycling pool",
+    )
+    with install.fleet() as fleet:
+        with fleet.lease("recycled", labels={"run": "reuse"}) as first:
+            first.exec(["sh", "-c", "echo episode-1 > /workspace/marker; echo x > /tmp/left"])
+            first.exec(["sh", "-c", "nohup sleep 1000 > /dev/null 2>&1 &"])
+            pod, ended = first.lease.sandbox, first.lease.id
+        reserved = _pool_pods(install, "recycled")[pod]
+        assert _state(reserved) == api.LEASE_RESERVED, reserved["metadata"]
+        assert reserved["metadata"]["annotations"][api.EPISODES_ANNOTATION] == "1"
+        wait_until(
+            lambda: any(_state(p) == api.LEASE_FREE for p in _pool_pods(install, "recycled").values()),
+            timeout=240,
+            what="the pool's warm sandbox beside the reserved one",
+        )
+        before = set(_pool_pods(install, "recycled"))
+        writes_before = _pod_writes(install)
+        with fleet.lease("recycled", labels={"run": "reuse"}) as second:
+            assert second.lease.sandbox == pod  # the reset Pod, not the warm one
+            assert second.lease.id == f"{ended}~1"
+            listing = second.exec(["sh", "-c", "ls -a /workspace /tmp; ps -eo args"]).stdout
+            assert "marker" not in listing, listing
+            assert "left" not in listing, listing
+            assert "sleep 1000" not in listing, listing
+            # The ended episode's lease reaches nothing, though its Pod serves the next one.
+            with pytest.raises(LeaseEnded):
+                first.exec(["true"])
+        # The whole episode, lease to reset, by the apiserver's own counters: no Pod made or deleted.
+        episode = _pod_writes(install) - writes_before
+        print(f"apiserver writes on Pods for one recycled episode: {dict(episode)}")
+        assert not episode["POST pods"], episode
+        assert not episode["DELETE pods"], episode
+        assert not episode["POST pods/binding"], episode
+        # Another run never gets it: a pool's reserved Pods are their run's alone.
+        with fleet.lease("recycled", labels={"run": "other"}) as other:
+            assert other.lease.sandbox != pod
+        assert pod in before
+        assert pod in _pool_pods(install, "recycled")
+    # The run's second episode made and deleted no Pod (the other run's lease may refill the pool).
+    assert before <= set(_pool_pods(install, "recycled")) | {other.lease.sandbox}
 
 
 def test_sandboxes_run_with_six_capabilities_and_no_new_privileges(install: Install) -> None:

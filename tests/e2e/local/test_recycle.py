@@ -284,8 +284,19 @@ async def test_the_agent_s_own_reset_ends_the_episode_s_processes_and_files(runt
         # The sandbox user cannot read the pristine copy (only root can).
         peek = await sh(agent, "ls /var/lib/sandfleet-pristine")
         assert peek["exit_code"] != 0
-        reset = await agent.post("/v1/reset")
+        reset = await agent.post("/v1/reset", json={"episode": 1})
         assert reset.status_code == 200, reset.text
         assert probe_problems(clean, await fingerprint(), runtime.agent_port) == []
+        # The reset's own answer carries its probe and the agent's golden one, and they agree.
+        golden, seen = (fingerprint_from_json(reset.json()[k]) for k in ("golden", "probe"))
+        assert probe_problems(golden, seen, runtime.agent_port) == []
+        # A call of the ended episode (no episode header is episode 0) never reaches the next one.
+        stale = await agent.post("/v1/exec", json={"argv": ["touch", "/workspace/late"]})
+        assert stale.status_code == 410
+        assert stale.json()["error"]["code"] == "episode_ended"
+        again = await agent.post("/v1/reset", json={"episode": 1})
+        assert again.status_code == 409
+        assert again.json()["error"]["code"] == "episode_already_reset"
+        agent.headers["X-Sandfleet-Episode"] = "1"
         assert (await sh(agent, "ls -a /workspace /tmp"))["stdout"].count("marker") == 0
         assert (await agent.get("/v1/jobs")).json()["jobs"] == []

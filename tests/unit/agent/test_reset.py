@@ -73,6 +73,23 @@ def test_probe_roots_are_validated(keyed: Agent, roots: object) -> None:
     assert "absolute paths" in refused.json()["error"]["message"]
 
 
+def test_a_call_of_another_episode_than_the_sandboxs_is_refused(keyed: Agent) -> None:
+    # A fresh sandbox is in episode 0 (a caller that names none means 0); its gateway names the
+    # lease's episode on every call, and only a reset moves the sandbox on (tests/e2e/local).
+    exec_body = {"argv": ["true"]}
+    assert keyed.client.post("/v1/exec", json=exec_body, headers=bearer(GOLDEN)).status_code == 200
+    current = {**bearer(GOLDEN), "X-Sandfleet-Episode": "0"}
+    assert keyed.client.post("/v1/exec", json=exec_body, headers=current).status_code == 200
+    for other in ("1", "-1", "zero"):
+        refused = keyed.client.post(
+            "/v1/exec", json=exec_body, headers={**bearer(GOLDEN), "X-Sandfleet-Episode": other}
+        )
+        assert refused.status_code == 410
+        assert refused.json()["error"]["code"] == "episode_ended"
+    # Health and readiness answer whatever the episode: the kubelet names none.
+    assert keyed.client.get("/v1/ready", headers={"X-Sandfleet-Episode": "9"}).status_code == 200
+
+
 def test_a_reset_is_refused_unless_the_agent_was_started_for_it(keyed: Agent) -> None:
     # Started without --pristine-dir (and running commands as itself): nothing to reset to.
     refused = keyed.client.post("/v1/reset", headers=bearer(GOLDEN))

@@ -13,11 +13,14 @@ from sandfleet.core.leases import (
     LeaseError,
     LeaseRecord,
     choose_ttl,
+    episodes_from_annotations,
     lease_expired,
     lease_from_annotations,
     lease_key_label,
     lease_metadata,
     release_metadata,
+    reservation_from_annotations,
+    reserve_metadata,
     unclaim_metadata,
 )
 
@@ -117,3 +120,21 @@ def test_one_expiry_rule() -> None:
     assert not lease_expired(160.0, 159.9)
     assert lease_expired(160.0, 160.0)
     assert make_lease().expired(160.0) == lease_expired(160.0, 160.0)
+
+
+def test_a_reset_pod_is_reserved_for_its_run_and_its_next_lease_takes_the_reservation_off() -> None:
+    reserve = reserve_metadata("actor", "run-1", 3, 1234.5)
+    assert reserve["labels"] == {api.LEASE_STATE_LABEL: api.LEASE_RESERVED, api.LEASE_KEY_LABEL: None}
+    annotations = {k: v for k, v in reserve["annotations"].items() if v is not None}
+    assert reserve["annotations"][api.LEASE_ANNOTATION] is None  # the ended lease goes with it
+    assert reservation_from_annotations(annotations) == (("actor", "run-1"), 1234.5)
+    assert episodes_from_annotations(annotations) == 3
+    assert lease_metadata(make_lease())["annotations"][api.RESERVED_ANNOTATION] is None
+
+
+def test_unreadable_reservations_and_episode_counts_read_as_none() -> None:
+    assert reservation_from_annotations({api.RESERVED_ANNOTATION: "{"}) is None
+    assert reservation_from_annotations({api.RESERVED_ANNOTATION: '{"holder": "a"}'}) is None
+    assert reservation_from_annotations(None) is None
+    assert episodes_from_annotations({api.EPISODES_ANNOTATION: "-1"}) == 0
+    assert episodes_from_annotations({}) == 0

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,12 +15,15 @@ from sandfleet.core.planner import (
     LOST_READINESS,
     NODE_NOT_READY,
     NOT_READY_IN_TIME,
+    RECYCLE_RETIRED,
     RELEASED,
+    RESERVED_IDLE,
     TEMPLATE_CHANGED,
     ZONE_GONE,
     FailureState,
     PoolPlan,
 )
+from sandfleet.core.recycle import RESERVED_IDLE_SECONDS, RecyclePolicy
 from tests.support.planning import (
     REGIONS,
     TEMPLATE,
@@ -81,6 +85,29 @@ def test_released_and_expired_leases_are_reaped_live_leases_never() -> None:
     result = run(pool(0), [live, expired, released])
     reasons = {d.name: d.reason for d in result.deletes}
     assert reasons == {expired.name: LEASE_EXPIRED, released.name: RELEASED}
+
+
+def test_a_reserved_sandbox_counts_as_its_runs_until_idle_too_long_too_old_or_lost() -> None:
+    recycling = replace(pool(1, [RegionSpec("us")]), recycle=RecyclePolicy(max_episodes=5, max_seconds=600))
+    now = 200.0
+
+    def reserved(**kw: Any) -> SandboxPod:
+        held: dict[str, Any] = {"reserved_for": ("actor", "run-1"), "reserved_since": now - 1, **kw}
+        return sandbox("us", state=api.LEASE_RESERVED, **held)
+
+    kept, idle = reserved(), reserved(reserved_since=now - RESERVED_IDLE_SECONDS - 1)
+    old, lost = reserved(created_at=now - 600), reserved(ready=False)
+    warm = sandbox("us")
+    result = run(recycling, [kept, idle, old, lost, warm], now=now)
+    reasons = {d.name: d.reason for d in result.deletes}
+    assert reasons == {idle.name: RESERVED_IDLE, old.name: RECYCLE_RETIRED, lost.name: LOST_READINESS}
+    # The kept one is its run's: neither warm for others (the warm one stays) nor a reason to create.
+    assert result.regions[0].leased == 1
+    assert not result.creates
+    # A pool that stopped recycling gives its reserved sandboxes up at once.
+    assert [d.reason for d in run(pool(1, [RegionSpec("us")]), [kept, warm], now=now).deletes] == [
+        RECYCLE_RETIRED
+    ]
 
 
 def test_shrinking_never_touches_leased_sandboxes() -> None:

@@ -15,9 +15,11 @@ from sandfleet.core.leases import LeaseRecord, lease_expired
 from sandfleet.core.model import (
     PREWARM_LABEL,
     SandboxPod,
+    lease_episode,
     lease_id,
     object_key,
     parse_time,
+    sandbox_key,
     split_lease_id,
 )
 from sandfleet.core.pods import sandbox_from_pod
@@ -55,6 +57,23 @@ def test_a_ready_free_pod_is_a_warm_sandbox() -> None:
     assert sandbox.key == "ns.python-abc"
     assert sandbox.agent_url() == "http://10.1.2.3:9000"
     assert sandbox.created_at == 1795953600.0
+
+
+def test_a_reserved_pod_reads_as_its_runs_with_its_episode_and_its_next_lease_id() -> None:
+    reserved = pod()
+    reserved["metadata"]["labels"][api.LEASE_STATE_LABEL] = api.LEASE_RESERVED
+    reserved["metadata"]["annotations"] = {
+        api.EPISODES_ANNOTATION: "2",
+        api.RESERVED_ANNOTATION: json.dumps({"holder": "actor", "run": "r1", "since": 5.0}),
+    }
+    sandbox = sandbox_from_pod(reserved)
+    assert sandbox is not None
+    assert sandbox.reserved
+    assert not sandbox.warm
+    assert not sandbox.leased
+    assert (sandbox.reserved_for, sandbox.reserved_since, sandbox.episodes) == (("actor", "r1"), 5.0, 2)
+    assert sandbox.next_lease_id == "ns.python-abc~2"
+    assert sandbox.key == "ns.python-abc"
 
 
 def test_pods_that_are_not_warm() -> None:
@@ -180,10 +199,23 @@ def test_timestamps_parse_from_text_or_parsed() -> None:
 
 
 @given(
-    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True), st.text(min_size=1, max_size=200)
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-.a-z0-9]{0,200}[a-z0-9])?", fullmatch=True),
+    st.integers(min_value=0, max_value=10**6),
 )
-def test_lease_ids_split_back_into_what_made_them(namespace: str, name: str) -> None:
-    assert split_lease_id(lease_id(namespace, name)) == (namespace, name)
+def test_lease_ids_split_back_into_what_made_them(namespace: str, name: str, episode: int) -> None:
+    made = lease_id(namespace, name, episode)
+    assert split_lease_id(made) == (namespace, name)
+    assert lease_episode(made) == episode
+    assert sandbox_key(made) == lease_id(namespace, name)
+
+
+def test_each_episode_of_a_recycled_sandbox_has_a_lease_id_of_its_own() -> None:
+    assert lease_id("ns", "sb-1") == "ns.sb-1"  # a first episode keeps the id every older lease had
+    assert lease_id("ns", "sb-1", 2) == "ns.sb-1~2"
+    assert lease_episode("ns.sb-1~x") is None
+    assert split_lease_id("ns.sb-1~x") is None
+    assert lease_episode("ns.sb-1~") is None
 
 
 def test_object_keys_and_lease_ids_are_distinct_formats() -> None:

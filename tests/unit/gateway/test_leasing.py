@@ -9,7 +9,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.gateway.leasing import LeaseGone, LeaseService, PoolQueueFull, WaitTimeout
+from sandfleet.gateway.leasing import LeaseGone, LeaseService, PoolQueueFull, UnknownName, WaitTimeout
 from tests.support.backends import POOL, MemoryBackend, request
 
 
@@ -125,6 +125,21 @@ async def test_expired_and_released_leases_are_gone() -> None:
     assert await service.release(second.id, "actor") is False
     with pytest.raises(LeaseGone, match="released"):
         await service.current(second.id)
+
+
+async def test_a_recycled_sandbox_s_lease_names_its_episode_and_an_ended_episode_s_id_is_gone() -> None:
+    backend = MemoryBackend()
+    backend.add("s0")
+    backend.items.put(replace(backend.items["ns.s0"], episodes=2))  # reset twice since it was made
+    service = LeaseService(backend)
+    ((lease, _),) = (await service.acquire(request())).leases
+    assert lease.id == "ns.s0~2"
+    assert (await service.current(lease.id, "actor"))[0] == lease
+    for ended in ("ns.s0", "ns.s0~1"):
+        with pytest.raises(LeaseGone, match="reset for another episode"):
+            await service.current(ended, "actor")
+        with pytest.raises(UnknownName):  # another tenant learns nothing of it
+            await service.current(ended, "intruder")
 
 
 async def test_idempotency_key_gives_the_same_lease_to_concurrent_retries() -> None:

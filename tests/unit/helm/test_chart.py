@@ -17,7 +17,13 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from sandfleet.controller import metrics as operator_metrics
 from sandfleet.core import api
-from sandfleet.core.leases import LeaseRecord, lease_metadata, release_metadata, unclaim_metadata
+from sandfleet.core.leases import (
+    LeaseRecord,
+    lease_metadata,
+    release_metadata,
+    reserve_metadata,
+    unclaim_metadata,
+)
 from sandfleet.core.model import pool_from_object
 from sandfleet.core.pods import sandbox_pod
 from sandfleet.gateway.app import ROUTERS
@@ -842,7 +848,13 @@ def test_the_gateway_writes_policy_admits_every_lease_key_the_gateway_writes() -
     admitted = set(json.loads(variable["expression"]))
     lease = LeaseRecord("ns.p", "python", "actor", 1.0, 61.0, 60, labels={"run": "r"}, idempotency_key="k")
     written: set[str] = set()
-    for patch in (lease_metadata(lease), release_metadata(), unclaim_metadata()):
+    patches = (
+        lease_metadata(lease),
+        release_metadata(),
+        unclaim_metadata(),
+        reserve_metadata("a", "r", 1, 2.0),
+    )
+    for patch in patches:
         for part in ("labels", "annotations"):
             written |= set(patch.get(part, {}))
     assert written == admitted

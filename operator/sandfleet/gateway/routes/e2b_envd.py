@@ -26,7 +26,6 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandfleet.core import e2b
-from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import SandboxPod
 from sandfleet.gateway.auth import Caller
 from sandfleet.gateway.guard import is_multipart
@@ -81,9 +80,7 @@ async def target(shared: Parts, who: Caller, headers: Mapping[str, str]) -> Targ
     url = sandbox.agent_url()
     if url is None:
         raise Refused(502, "the sandbox has no address yet; kill it and create another")
-    key = shared.proxy.agent_key
-    auth = {"authorization": f"Bearer {agent_token(key, sandbox.name)}"} if key is not None else {}
-    return Target(sandbox, url, auth)
+    return Target(sandbox, url, shared.proxy.agent_headers(sandbox.name, sandbox.episodes))
 
 
 async def agent(shared: Parts, where: Target, method: str, path: str, **kwargs: Any) -> httpx.Response:

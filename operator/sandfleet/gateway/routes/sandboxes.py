@@ -70,7 +70,7 @@ async def forward(
     if url is None:
         raise SandboxUnreachable("the sandbox has no address yet; release it and lease another")
     response, agent_seconds = await shared.proxy.forward(
-        request, url, agent_path, stream=stream, sandbox=sandbox.name
+        request, url, agent_path, stream=stream, sandbox=sandbox.name, episode=sandbox.episodes
     )
     if agent_path.startswith("/v1/exec"):
         shared.metrics.exec_seconds.observe(agent_seconds)
