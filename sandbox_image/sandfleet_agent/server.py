@@ -282,7 +282,9 @@ class AgentHandler(BaseHTTPRequestHandler):
             encoding="utf-8",
             user=self.server.config.exec_user,
         )
-        result = process.run(spec)
+        # Never during a reset: its probe would see the check's own process and fail the reset.
+        with self.server.reset_lock:
+            result = process.run(spec)
         ok = result.exit_code == 0
         self._send_json(
             HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,

@@ -59,6 +59,7 @@ class ClientLease:
     granted_at: float  # when the grant reached the client (the lease surely existed then)
     expires_at: float
     calls: list[Call] = field(default_factory=list)
+    episode: int = 0  # the Pod's episode (a recycling pool's Pod serves several, one at a time)
 
     @property
     def released_at(self) -> float | None:
@@ -88,6 +89,18 @@ class ObservedLease:
     holder: str
     acquired_at: float
     expires_at: float  # the latest seen: renewals move it
+    episode: int = 0  # the Pod's episode it was granted for (its lease id's, `ns.pod~N`)
+    run: str | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A recycling pool's Pod seen reset and kept for one run: for its episode `episode` next."""
+
+    episode: int
+    holder: str
+    run: str
+    since: float  # when the releasing gateway reserved it (its clock, as the next lease's is)
 
 
 @dataclass
@@ -102,6 +115,7 @@ class PodTruth:
     released_at: float | None = None  # first seen with lease-state=released
     deleting_at: float | None = None  # first seen with a deletionTimestamp
     deleted_at: float | None = None  # seen gone
+    reservations: list[Reservation] = field(default_factory=list)  # a recycling pool's resets
 
     @property
     def gone_at(self) -> float | None:
@@ -135,14 +149,23 @@ def _span(start: float, end: float) -> str:
 
 
 def double_leases(pods: Iterable[PodTruth], clients: Iterable[ClientLease]) -> list[str]:
-    """No sandbox was leased twice: one lease per Pod on the cluster, no overlap between clients."""
+    """No sandbox was leased twice: one lease per Pod and episode, no overlap between clients.
+
+    A recycling pool's Pod serves several episodes, each after a reset that reserved it for the
+    run of the episode before (`recycled_leases`); any other second lease is a double lease.
+    """
     violations = []
     for pod in pods:
-        if len(pod.leases) > 1:
-            held = ", ".join(
-                f"{lease.key} {_span(lease.acquired_at, lease.expires_at)}" for lease in pod.leases
-            )
-            violations.append(f"pod {pod.name} carried {len(pod.leases)} leases: {held}")
+        for episode in sorted({lease.episode for lease in pod.leases}):
+            carried = [lease for lease in pod.leases if lease.episode == episode]
+            if len(carried) > 1:
+                held = ", ".join(
+                    f"{lease.key} {_span(lease.acquired_at, lease.expires_at)}" for lease in carried
+                )
+                violations.append(
+                    f"pod {pod.name} carried {len(carried)} leases in episode {episode}: {held}"
+                )
+        violations += recycled_leases(pod)
     by_pod: dict[str, list[ClientLease]] = defaultdict(list)
     for lease in clients:
         by_pod[lease.pod].append(lease)
@@ -153,12 +176,32 @@ def double_leases(pods: Iterable[PodTruth], clients: Iterable[ClientLease]) -> l
                 if first.key == second.key:
                     continue  # one acquire, retried: the same lease handed back
                 overlap = second.granted_at < first.held_until and first.granted_at < second.held_until
+                if not overlap and first.episode != second.episode:
+                    continue  # a recycled Pod's episodes, one after the other (recycled_leases)
                 what = "at once" if overlap else "one after the other"
                 violations.append(
                     f"pod {pod_name} was leased to two holders {what}: {first.key} "
                     f"{_span(first.granted_at, first.held_until)} and {second.key} "
                     f"{_span(second.granted_at, second.held_until)}"
                 )
+    return violations
+
+
+def recycled_leases(pod: PodTruth) -> list[str]:
+    """A Pod's episode N > 0 was leased only after it was reset and reserved for N, by that run."""
+    violations = []
+    reserved = {r.episode: r for r in pod.reservations}
+    for lease in pod.leases:
+        if lease.episode == 0:
+            continue
+        kept = reserved.get(lease.episode)
+        if kept is None:
+            violations.append(f"pod {pod.name} was leased for episode {lease.episode} ({lease.key}) unreset")
+        elif (kept.holder, kept.run) != (lease.holder, lease.run) or lease.acquired_at < kept.since:
+            violations.append(
+                f"pod {pod.name}'s episode {lease.episode} went to {lease.holder}/{lease.run} at "
+                f"{lease.acquired_at:.3f}; it was reset for {kept.holder}/{kept.run} at {kept.since:.3f}"
+            )
     return violations
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import httpx
 
 from sandfleet.client import AsyncFleet, AsyncSandbox, Lease, SandfleetError
+from sandfleet.core.model import lease_episode
 from tests.support.invariants import Call, ClientLease
 
 T = TypeVar("T")
@@ -216,7 +217,9 @@ class Load:
                 await asyncio.sleep(0.2)
                 continue
             self.stats.acquires.append(Call("acquire", started, time.time(), ok=True))
-            record = ClientLease(key, lease.sandbox, time.time(), lease.expires_at)
+            record = ClientLease(
+                key, lease.sandbox, time.time(), lease.expires_at, episode=lease_episode(lease.id) or 0
+            )
             self.leases.append(record)
             return (record, lease), replica
         return None, replica

@@ -35,6 +35,7 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Lease, SandfleetError
 from sandfleet.core import api
+from sandfleet.core.model import lease_episode
 from tests.integration.faults.conftest import (
     REAP_SECONDS,
     REGIONS,
@@ -459,7 +460,13 @@ async def _release_all(fleet: BatchFleet, callers: list[Caller]) -> list[ClientL
     alive = [g for g in fleet.gateways if g.alive]
 
     async def release(f: AsyncFleet, caller: Caller, lease: Lease) -> None:
-        record = ClientLease(caller.key, lease.sandbox, caller.granted_at, lease.expires_at)
+        record = ClientLease(
+            caller.key,
+            lease.sandbox,
+            caller.granted_at,
+            lease.expires_at,
+            episode=lease_episode(lease.id) or 0,
+        )
         records.append(record)
         async with gate:
             started = time.time()

@@ -12,8 +12,10 @@ import time
 from typing import Any
 
 from sandfleet.core import api
+from sandfleet.core.leases import episodes_from_annotations, reservation_from_annotations
+from sandfleet.core.model import lease_episode
 from tests.integration.faults.kubeapi import KubeApi
-from tests.support.invariants import ObservedLease, PodTruth
+from tests.support.invariants import ObservedLease, PodTruth, Reservation
 
 
 class PodRecorder:
@@ -50,6 +52,7 @@ class PodRecorder:
                     p.released_at,
                     p.deleting_at,
                     p.deleted_at,
+                    list(p.reservations),
                 )
                 for p in self.pods.values()
                 if p.deleted_at is None or p.deleted_at >= since
@@ -89,6 +92,7 @@ class PodRecorder:
                 self.pods[uid] = truth
             truth.node = (pod.get("spec") or {}).get("nodeName") or truth.node
             self._note_lease(truth, metadata)
+            self._note_reservation(truth, metadata)
             labels = metadata.get("labels") or {}
             if labels.get(api.LEASE_STATE_LABEL) == api.LEASE_RELEASED and truth.released_at is None:
                 truth.released_at = now
@@ -96,6 +100,17 @@ class PodRecorder:
                 truth.deleting_at = now
             if kind == "DELETED" and truth.deleted_at is None:
                 truth.deleted_at = now
+
+    @staticmethod
+    def _note_reservation(truth: PodTruth, metadata: dict[str, Any]) -> None:
+        annotations = metadata.get("annotations") or {}
+        reservation = reservation_from_annotations(annotations)
+        if reservation is None:
+            return
+        (holder, run), since = reservation
+        kept = Reservation(episodes_from_annotations(annotations), holder, run, since)
+        if kept not in truth.reservations:
+            truth.reservations.append(kept)
 
     @staticmethod
     def _note_lease(truth: PodTruth, metadata: dict[str, Any]) -> None:
@@ -109,7 +124,10 @@ class PodRecorder:
         holder = str(data.get("holder", ""))
         acquired = float(data.get("acquired_at", 0.0))
         key = str(data.get("idempotency_key") or f"{holder}/{acquired}")
-        observed = ObservedLease(key, holder, acquired, float(data.get("expires_at", 0.0)))
+        episode = lease_episode(str(data.get("id", ""))) or 0
+        run = (data.get("labels") or {}).get("run")
+        expires = float(data.get("expires_at", 0.0))
+        observed = ObservedLease(key, holder, acquired, expires, episode, run)
         for index, known in enumerate(truth.leases):
             if known.key == observed.key and known.acquired_at == observed.acquired_at:
                 truth.leases[index] = observed  # a renewal moves the expiry

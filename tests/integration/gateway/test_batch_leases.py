@@ -12,6 +12,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord, lease_metadata
+from sandfleet.core.model import lease_episode
 from tests.integration.gateway.conftest import GatewayFactory, Pool
 from tests.support.invariants import ClientLease, ObservedLease, PodTruth, double_leases, unrecorded_leases
 from tests.support.kube import wait_until
@@ -29,7 +30,13 @@ def batch(client: httpx.Client, count: int, min_count: int, wait: float, **body:
 def grants(response: httpx.Response, at: float) -> list[ClientLease]:
     """What a client was granted (every acquire here carries an idempotency key, which names it)."""
     return [
-        ClientLease(lease["idempotency_key"], lease["sandbox"], at, lease["expires_at"])
+        ClientLease(
+            lease["idempotency_key"],
+            lease["sandbox"],
+            at,
+            lease["expires_at"],
+            episode=lease_episode(lease["id"]) or 0,
+        )
         for lease in response.json()["leases"]
     ]
 

@@ -37,6 +37,27 @@ async def test_each_sandbox_gets_its_own_token() -> None:
     assert seen == [f"Bearer {agent_token(key, 'sb-a')}", f"Bearer {agent_token(key, 'sb-b')}"]
 
 
+async def test_the_episode_a_call_names_is_the_gateways_never_the_callers() -> None:
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["x-sandfleet-episode"])
+        return httpx.Response(200, json={})
+
+    proxy = AgentProxy(new_fleet_key())
+    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/",
+        "headers": [(b"x-sandfleet-episode", b"0")],  # a caller trying an ended episode's number
+        "query_string": b"",
+    }
+    await proxy.forward(Request(scope), "http://agent", "/v1/exec", sandbox="sb-a", episode=3)
+    await proxy.close()
+    assert seen == ["3"]
+
+
 async def test_a_call_to_a_sandbox_found_lost_ends_at_once() -> None:
     async def hang(request: httpx.Request) -> httpx.Response:
         await asyncio.sleep(3600)  # a dead peer: no answer, no reset

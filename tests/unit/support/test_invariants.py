@@ -8,6 +8,7 @@ from tests.support.invariants import (
     Loss,
     ObservedLease,
     PodTruth,
+    Reservation,
     check_history,
     double_leases,
     leased_pods_deleted,
@@ -86,6 +87,39 @@ def test_a_pod_carrying_two_leases_is_a_double_lease_even_one_after_the_other() 
     ]
     (violation,) = double_leases([], clients)
     assert "one after the other" in violation
+
+
+def recycled(*episodes: tuple[int, str, float], reserved: tuple[tuple[int, str, float], ...]) -> PodTruth:
+    """A recycling pool's Pod: leases (episode, run, acquired at), reservations (episode, run, since)."""
+    truth = pod("sb-1")
+    truth.leases = [ObservedLease(f"k{e}", "actor-0", at, at + 1.0, e, run) for e, run, at in episodes]
+    truth.reservations = [Reservation(e, "actor-0", run, since) for e, run, since in reserved]
+    return truth
+
+
+def test_a_recycled_pod_serves_its_runs_episodes_one_after_another_after_each_reset() -> None:
+    clean = recycled(
+        (0, "r", 100.0), (1, "r", 102.0), (2, "r", 104.0), reserved=((1, "r", 101.5), (2, "r", 103.5))
+    )
+    clients = [client(f"k{e}", "sb-1", 100.0 + 2 * e, released(100.5 + 2 * e), ttl=1.0) for e in range(3)]
+    for index, lease in enumerate(clients):
+        lease.episode = index
+    assert double_leases([clean], clients) == []
+
+
+def test_a_pod_leased_again_unreset_for_another_run_or_before_its_reset_is_a_double_lease() -> None:
+    unreset = recycled((0, "r", 100.0), (1, "r", 102.0), reserved=())
+    assert "unreset" in double_leases([unreset], [])[0]
+    other_run = recycled((0, "r", 100.0), (1, "other", 102.0), reserved=((1, "r", 101.5),))
+    assert "went to actor-0/other" in double_leases([other_run], [])[0]
+    too_soon = recycled((0, "r", 100.0), (1, "r", 101.0), reserved=((1, "r", 101.5),))
+    assert "reset for actor-0/r at 101.500" in double_leases([too_soon], [])[0]
+    twice = recycled((0, "r", 100.0), (1, "r", 102.0), (1, "r", 102.5), reserved=((1, "r", 101.5),))
+    assert "2 leases in episode 1" in double_leases([twice], [])[0]
+    # Two episodes held at once, as their clients saw them, is a double lease whatever the Pod says.
+    still_held, next_one = client("k0", "sb-1", 100.0, ttl=5.0), client("k1", "sb-1", 102.0)
+    next_one.episode = 1
+    assert "at once" in double_leases([], [still_held, next_one])[0]
 
 
 def test_an_idempotent_retry_handing_back_the_same_lease_is_no_double_lease() -> None:
