@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "hack"))
 from localcluster import build  # noqa: E402
 from localcluster.cluster import LocalCluster, Ports, Topology  # noqa: E402
 from sandfleet.core import api  # noqa: E402
+from sandfleet.core.ledger import shard_for  # noqa: E402
 from sandfleet.core.model import image_key  # noqa: E402
 
 TOKEN = "bench-token"
@@ -114,9 +115,29 @@ class Bench:
         }
         self.kubectl("apply", "-f", "-", stdin=json.dumps(pool))
 
-    def add_sandboxes(self, count: int, prefix: str, port: int = 8000) -> None:
+    def add_sandboxes(
+        self, count: int, prefix: str, port: int = 8000, store: str = api.STORE_LEDGER, pool_size: int = 0
+    ) -> None:
+        """`count` Ready sandbox Pods as the operator makes them for a pool of `store`.
+
+        A ledger pool's Pods are sharded for `pool_size` sandboxes (core.ledger.shard_for; `count`
+        when 0).
+        """
         regions = ("us-east1", "europe-west4", "asia-southeast1")
         started = time.monotonic()
+
+        def labels(name: str, region: str) -> dict[str, str]:
+            found = {
+                api.POOL_LABEL: "bench",
+                api.SANDBOX_REGION_LABEL: region,
+                api.LEASE_STATE_LABEL: api.LEASE_FREE,
+                api.IMAGE_KEY_LABEL: image_key("sandfleet/sandbox:bench"),
+            }
+            if store == api.STORE_LEDGER:
+                found[api.LEASE_STATE_LABEL] = api.LEASE_IN_LEDGER
+                found[api.SHARD_LABEL] = shard_for(name, "bench", pool_size or count)
+            return found
+
         for first in range(0, count, 250):
             pods = [
                 {
@@ -124,12 +145,7 @@ class Bench:
                     "kind": "Pod",
                     "metadata": {
                         "name": f"{prefix}-{i:05d}",
-                        "labels": {
-                            api.POOL_LABEL: "bench",
-                            api.SANDBOX_REGION_LABEL: regions[i % 3],
-                            api.LEASE_STATE_LABEL: api.LEASE_FREE,
-                            api.IMAGE_KEY_LABEL: image_key("sandfleet/sandbox:bench"),
-                        },
+                        "labels": labels(f"{prefix}-{i:05d}", regions[i % 3]),
                     },
                     "spec": {
                         "nodeSelector": {api.REGION_LABEL: regions[i % 3]},

@@ -1,13 +1,16 @@
-"""Benchmark: one gateway against three, racing for the same warm Pods or sharing them, on one cluster.
+"""Benchmark: leases written on the Pods against the lease ledger, one gateway against three, on one cluster.
 
-A burst of concurrent acquires spread evenly over the replicas, for each of: 1 gateway; 3 gateways
-that each try the oldest warm Pods first (`--no-share-warm`, how every replica behaved before);
-3 gateways that hand out their own share first (the default, gateway/kube_members.py). Per
-configuration it reports the burst's p50/p99 and throughput, the apiserver's own count of Pod
-patches per lease and how many of them were 409 conflicts (machine-independent), and the CPU of
-the gateways, the apiserver and the load generator, so the load generator is not what is measured
-(three client processes in every configuration). Medians over `--repeats` fresh bursts. Prints
-progress, then one JSON object as its last line.
+A burst of concurrent single acquires (each with its own idempotency key, as the client sends them)
+spread evenly over the replicas, for each of: the `pod` store (every claim a conditional patch of
+its Pod: the design before the ledger) with 1 and with 3 gateways, and the `ledger` store (claims
+committed in batches to a shard's SandboxLedger) with 1 and with 3 gateways; 3 gateways share the
+warm Pods (each hands out its own share first). Per configuration it reports the burst's p50/p99 and
+throughput, the apiserver's own count of lease writes per lease (Pod patches, or ledger patches and
+creates) and of 409 conflicts among them (machine-independent), and the CPU of the gateways, the
+apiserver and the load generator, so the load generator is not what is measured: three client
+processes in every configuration, each a lean HTTP client (bench/rawhttp.py). Medians over
+`--repeats` fresh bursts, configurations interleaved. Prints progress, then one JSON object as its
+last line.
 
     .venv/bin/python bench/gateway_replicas.py            # full: 300-lease bursts, 3 repeats
     .venv/bin/python bench/gateway_replicas.py --short    # CI: 90-lease bursts, 1 repeat
@@ -26,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,29 +38,37 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_leases import TOKEN, Bench, cpu_seconds, percentile
+from rawhttp import connections
+
+from sandfleet.core import api
 
 CLIENT_PROCESSES = 3
-CONFIGS = {"1 gateway": (1, True), "3 gateways, racing": (3, False), "3 gateways, sharing": (3, True)}
+# name -> (lease store, gateway replicas)
+CONFIGS = {
+    "pod store, 1 gateway": (api.STORE_POD, 1),
+    "pod store, 3 gateways": (api.STORE_POD, 3),
+    "ledger, 1 gateway": (api.STORE_LEDGER, 1),
+    "ledger, 3 gateways": (api.STORE_LEDGER, 3),
+}
 
 
 def log(message: str) -> None:
     print(f"[bench replicas] {message}", file=sys.stderr, flush=True)
 
 
-def pod_patches(bench: Bench) -> dict[str, float]:
-    """The apiserver's own count of PATCH requests on pods, by response code."""
+def lease_writes(bench: Bench) -> dict[str, float]:
+    """The apiserver's own count of lease writes by response code: Pod patches, ledger patches, creates."""
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(bench.kubectl("get", "--raw", "/metrics")):
         if family.name != "apiserver_request":
             continue
         for sample in family.samples:
             labels = sample.labels
-            if (
-                sample.name == "apiserver_request_total"
-                and labels.get("verb") == "PATCH"
-                and labels.get("resource") == "pods"
-                and not labels.get("subresource")
-            ):
+            if sample.name != "apiserver_request_total" or labels.get("subresource"):
+                continue
+            pod_patch = labels.get("verb") == "PATCH" and labels.get("resource") == "pods"
+            ledger = labels.get("verb") in ("PATCH", "POST") and labels.get("resource") == api.LEDGER_PLURAL
+            if pod_patch or ledger:
                 counts[labels["code"]] = counts.get(labels["code"], 0.0) + sample.value
     return counts
 
@@ -84,29 +96,32 @@ def client_process(url: str, count: int, start_at: float, run: str, out: Any) ->
     first_sent = [0.0]
 
     async def acquire_all() -> tuple[list[float], list[float]]:
-        limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120, limits=limits) as client:
-            await asyncio.gather(*(client.get("/healthz") for _ in range(count)))  # open connections
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-            cpu[0], first_sent[0] = cpu_now(), time.time()
+        pool = await connections(url, TOKEN, count)  # open before the burst, as a trainer's would be
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        cpu[0], first_sent[0] = cpu_now(), time.time()
 
-            async def one() -> tuple[float, float]:
-                started = time.perf_counter()
-                body = {"pool": "bench", "wait_seconds": 60, "labels": {"run": run}}
-                response = await client.post("/v1/leases", json=body)
-                if response.status_code != 201:
-                    raise RuntimeError(f"acquire failed: {response.status_code} {response.text}")
-                return (time.perf_counter() - started) * 1000, time.time()
+        async def one(index: int) -> tuple[float, float]:
+            started = time.perf_counter()
+            body = {
+                "pool": "bench",
+                "wait_seconds": 60,
+                "labels": {"run": run},
+                "idempotency_key": f"{run}-{os.getpid()}-{index}",
+            }
+            status, answer = await pool[index].request("POST", "/v1/leases", body)
+            if status != 201:
+                raise RuntimeError(f"acquire failed: {status} {answer}")
+            return (time.perf_counter() - started) * 1000, time.time()
 
-            done = await asyncio.gather(*(one() for _ in range(count)))
-            cpu[0] = cpu_now() - cpu[0]
+        done = await asyncio.gather(*(one(i) for i in range(count)))
+        cpu[0] = cpu_now() - cpu[0]
+        await asyncio.gather(*(connection.close() for connection in pool))
         return [d[0] for d in done], [d[1] for d in done]
 
     try:
         latencies, ends = asyncio.run(acquire_all())
     except Exception as error:  # the parent says what went wrong instead of waiting for a result
-        out.put(f"{url}: {error}")
+        out.put(f"{url}: {error!r}")
         return
     out.put((latencies, ends, first_sent[0], cpu[0], url))
 
@@ -149,14 +164,13 @@ def one_burst(urls: list[str], size: int, run: str) -> dict[str, Any]:
     }
 
 
-def measure(bench: Bench, name: str, replicas: int, share: bool, size: int, round_: int) -> dict[str, Any]:
-    prefix = f"r{round_}-{'abc'[list(CONFIGS).index(name)]}"
-    bench.add_sandboxes(size, prefix)
-    flag = "--share-warm" if share else "--no-share-warm"
-    gateways = [bench.start_gateway(flag) for _ in range(replicas)]
+def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round_: int) -> dict[str, Any]:
+    prefix = f"r{round_}-{'abcd'[list(CONFIGS).index(name)]}"
+    bench.add_sandboxes(size, prefix, store=store)
+    gateways = [bench.start_gateway() for _ in range(replicas)]
     started = list(bench.processes[-replicas:])
     urls = [url for url, _ in gateways]
-    if share and replicas > 1:
+    if replicas > 1:
         deadline = time.monotonic() + 30
         while not all(replicas_seen(url) == replicas for url in urls):
             if time.monotonic() > deadline:
@@ -166,30 +180,30 @@ def measure(bench: Bench, name: str, replicas: int, share: bool, size: int, roun
     assert apiserver is not None
     pids = [pid for _, pid in gateways]
     cpu_before = [cpu_seconds(pid) for pid in pids], cpu_seconds(apiserver)
-    patches_before = pod_patches(bench)
+    writes_before = lease_writes(bench)
     log(f"{name}: burst of {size} acquires")
-    run = f"bench-{prefix}"  # released together afterwards, so no round adds to the tenant's quota
+    run = f"bench-{prefix}-{uuid.uuid4().hex[:4]}"  # released together afterwards
     burst = one_burst(urls, size, run)
-    patches_after = pod_patches(bench)
+    writes_after = lease_writes(bench)
+    gateway_cpu = sum(cpu_seconds(pid) for pid in pids) - sum(cpu_before[0])
+    apiserver_cpu = cpu_seconds(apiserver) - cpu_before[1]
     released = httpx.post(
         f"{urls[0]}/v1/runs/{run}/release", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120
     )
     if released.status_code != 200:
         raise SystemExit(f"releasing run {run}: {released.status_code} {released.text}")
-    gateway_cpu = sum(cpu_seconds(pid) for pid in pids) - sum(cpu_before[0])
-    apiserver_cpu = cpu_seconds(apiserver) - cpu_before[1]
     for process in started:
         process.terminate()
     for process in started:
         process.wait(timeout=15)
         bench.processes.remove(process)
-    delta = {code: patches_after.get(code, 0.0) - patches_before.get(code, 0.0) for code in patches_after}
+    delta = {code: writes_after.get(code, 0.0) - writes_before.get(code, 0.0) for code in writes_after}
     latencies = burst["latencies"]
     return {
         "p50_ms": statistics.median(latencies),
         "p99_ms": percentile(latencies, 99),
         "leases_per_s": burst["leases_per_s"],
-        "pod_patches_per_lease": sum(delta.values()) / size,
+        "lease_writes_per_lease": sum(delta.values()) / size,
         "conflicts_per_lease": delta.get("409", 0.0) / size,
         "gateway_cpu_ms_per_lease": gateway_cpu / size * 1000,
         "apiserver_cpu_ms_per_lease": apiserver_cpu / size * 1000,
@@ -203,7 +217,7 @@ def measure(bench: Bench, name: str, replicas: int, share: bool, size: int, roun
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--short", action="store_true", help="small sizes for CI")
     parser.add_argument("--repeats", type=int, default=None, help="bursts per configuration")
     args = parser.parse_args()
@@ -216,8 +230,8 @@ def main() -> None:
         try:
             bench.setup()
             for round_ in range(repeats):
-                for name, (replicas, share) in CONFIGS.items():  # interleaved: drift hits all alike
-                    runs[name].append(measure(bench, name, replicas, share, size, round_))
+                for name, (store, replicas) in CONFIGS.items():  # interleaved: drift hits all alike
+                    runs[name].append(measure(bench, name, store, replicas, size, round_))
                     log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[name][-1].items()))
         finally:
             bench.teardown()
@@ -225,14 +239,16 @@ def main() -> None:
         name: {key: round(statistics.median(run[key] for run in results), 3) for key in results[0]}
         for name, results in runs.items()
     }
-    one, racing, sharing = (medians[name] for name in CONFIGS)
+    pod_1, pod_3, ledger_1, ledger_3 = (medians[name] for name in CONFIGS)
     result = {
         "burst_size": size,
         "repeats": repeats,
         "configs": medians,
-        "throughput_3_sharing_over_1": round(sharing["leases_per_s"] / one["leases_per_s"], 2),
-        "throughput_3_racing_over_1": round(racing["leases_per_s"] / one["leases_per_s"], 2),
-        "p50_3_sharing_over_racing": round(sharing["p50_ms"] / racing["p50_ms"], 2),
+        # The issue's before/after: the same 300-lease burst through 1 gateway, ledger over Pod store.
+        "burst_p50_ledger_over_pod": round(ledger_1["p50_ms"] / pod_1["p50_ms"], 3),
+        "burst_p50_ledger_over_pod_3_gateways": round(ledger_3["p50_ms"] / pod_3["p50_ms"], 3),
+        "throughput_3_over_1_ledger": round(ledger_3["leases_per_s"] / ledger_1["leases_per_s"], 2),
+        "throughput_3_over_1_pod": round(pod_3["leases_per_s"] / pod_1["leases_per_s"], 2),
         "agent": "none (acquire only)",
     }
     print(json.dumps(result))

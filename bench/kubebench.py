@@ -11,10 +11,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sandfleet.core import api
+from sandfleet.core.ledger import ledger_from_object, overlay
+from sandfleet.core.pods import sandbox_from_pod
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "hack" / "cluster"
@@ -233,6 +238,29 @@ def pool_manifest(name: str, replicas: int) -> dict[str, Any]:
             "template": {"image": IMAGE, "imagePullPolicy": "Never", "readinessDeadlineSeconds": 600},
         },
     }
+
+
+def lease_states(cluster: Cluster, namespace: str) -> Counter[str]:
+    """How many sandbox Pods of the namespace are in each lease state, as the cluster records it.
+
+    A Pod of the `pod` store carries its state itself; a ledger Pod's is its entry in its shard's
+    SandboxLedger (read with the product's own readers, core.pods and core.ledger).
+    """
+    pods = json.loads(cluster.kubectl("-n", namespace, "get", "pods", "-l", api.POOL_LABEL, "-o", "json"))
+    ledgers = json.loads(cluster.kubectl("-n", namespace, "get", api.LEDGER_PLURAL, "-o", "json"))
+    entries = {}
+    for obj in ledgers["items"]:
+        ledger = ledger_from_object(obj)
+        entries[ledger.shard] = ledger.entries
+    states: Counter[str] = Counter()
+    for pod in pods["items"]:
+        sandbox = sandbox_from_pod(pod)
+        if sandbox is None:
+            continue
+        if sandbox.shard is not None:
+            sandbox = overlay(sandbox, entries.get(sandbox.shard, {}).get(sandbox.name))
+        states[sandbox.state] += 1
+    return states
 
 
 def pool_ready(cluster: Cluster, namespace: str, name: str) -> int:

@@ -41,6 +41,7 @@ from kubebench import (
     Operator,
     RequestCounts,
     apiserver_requests,
+    lease_states,
     log,
     percentile,
     pool_manifest,
@@ -50,6 +51,8 @@ from kubebench import (
     request_delta,
     wait,
 )
+
+from sandfleet.core import api
 
 TARGET_RSS_MB = 500
 POOL = "scale"
@@ -201,10 +204,7 @@ async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> 
 
 
 def leased_pods(cluster: Cluster, namespace: str) -> int:
-    out = cluster.kubectl(
-        "-n", namespace, "get", "pods", "-l", "sandfleet.dev/lease-state=leased", "-o", "name"
-    )
-    return len(out.split())
+    return lease_states(cluster, namespace)[api.LEASE_LEASED]
 
 
 def main() -> None:

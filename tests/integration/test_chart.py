@@ -45,6 +45,8 @@ OPERATOR_MAY = [
     ("patch", "sandboxpools.sandfleet.dev/status", "NS"),
     ("create", "leases.coordination.k8s.io", "NS"),
     ("update", "leases.coordination.k8s.io/sandfleet-operator", "NS"),
+    ("watch", "sandboxledgers.sandfleet.dev", "NS"),
+    ("patch", "sandboxledgers.sandfleet.dev", "NS"),
 ]
 OPERATOR_MAY_NOT = [
     ("create", "pods", "default"),
@@ -64,6 +66,9 @@ GATEWAY_MAY = [
     ("update", "configmaps", "NS"),
     ("create", "tokenreviews.authentication.k8s.io", ""),
     ("create", "subjectaccessreviews.authorization.k8s.io", ""),
+    ("watch", "sandboxledgers.sandfleet.dev", "NS"),
+    ("create", "sandboxledgers.sandfleet.dev", "NS"),
+    ("patch", "sandboxledgers.sandfleet.dev", "NS"),
 ]
 GATEWAY_MAY_NOT = [
     ("list", "pods", "default"),
@@ -72,6 +77,8 @@ GATEWAY_MAY_NOT = [
     ("get", "secrets", "NS"),
     ("patch", "sandboxpools.sandfleet.dev/status", "NS"),
     ("list", "nodes", ""),
+    ("delete", "sandboxledgers.sandfleet.dev", "NS"),
+    ("patch", "sandboxledgers.sandfleet.dev", "default"),
 ]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandfleet.core import api
+from tests.support.leases import recorded
 
 # What a holder may be told when its lease or sandbox is gone: 404 (the sandbox is gone),
 # 410 (the lease ended), 502 (the sandbox's agent stopped answering).
@@ -389,19 +389,15 @@ def check_history(
     ]
 
 
-def warm_sandboxes(pods: Iterable[Mapping[str, Any]], ready_nodes: set[str]) -> dict[str, int]:
-    """Warm sandboxes per region (free, Ready, not terminating, on a Ready node), from Pod objects."""
+def warm_sandboxes(
+    pods: Iterable[Mapping[str, Any]], ready_nodes: set[str], ledgers: Iterable[Mapping[str, Any]] = ()
+) -> dict[str, int]:
+    """Warm sandboxes per region (free, Ready, not terminating, on a Ready node), from Pod objects.
+
+    A ledger Pod's lease state is its entry in its shard's SandboxLedger (`ledgers`).
+    """
     counts: dict[str, int] = defaultdict(int)
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        labels = metadata.get("labels") or {}
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        if (
-            ready
-            and labels.get(api.LEASE_STATE_LABEL, api.LEASE_FREE) == api.LEASE_FREE
-            and not metadata.get("deletionTimestamp")
-            and (pod.get("spec") or {}).get("nodeName") in ready_nodes
-        ):
-            counts[str(labels.get(api.SANDBOX_REGION_LABEL, ""))] += 1
+    for sandbox in recorded(pods, ledgers).values():
+        if sandbox.warm and sandbox.node in ready_nodes:
+            counts[sandbox.region] += 1
     return dict(counts)

@@ -10,12 +10,16 @@ from collections.abc import Callable
 from statistics import median
 from typing import Any
 
+from sandfleet.core.ledger import LedgerEntry, overlay
 from sandfleet.core.model import Node, SandboxPod, object_key
 from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, startup_phases
 from sandfleet.core.resources import Resources
 from sandfleet.kube.informer import SYNC
 
 log = logging.getLogger(__name__)
+
+# A ledger Pod's entry in its shard's ledger (namespace, shard, pod), None when it has none (free).
+EntryOf = Callable[[str, str, str], LedgerEntry | None]
 
 RECENT_STARTUPS = 64
 LEASE_HISTORY_SECONDS = 600.0
@@ -33,8 +37,14 @@ class ClusterCache:
         on_pool_change: Callable[[str], None],
         on_started: Callable[[str, SandboxPod, dict[str, float]], None] | None = None,
         on_leased: Callable[[str], None] | None = None,
+        entry_of: EntryOf | None = None,
+        on_ledger_pod_gone: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.sandboxes: dict[str, dict[str, SandboxPod]] = {}
+        # Ledger Pods as the Pod itself reads, so a change of their ledger entry can be laid over them.
+        self._ledger_pods: dict[str, SandboxPod] = {}
+        self._entry_of = entry_of
+        self._on_ledger_pod_gone = on_ledger_pod_gone
         self.nodes: dict[str, Node] = {}
         self.usage: dict[str, Resources] = {}
         self.pods_synced = asyncio.Event()
@@ -71,24 +81,46 @@ class ClusterCache:
         sandbox = sandbox_from_pod(pod)
         if sandbox is None or not sandbox.managed:
             return
+        if sandbox.shard is not None:
+            self._ledger_pods[key] = sandbox
+            sandbox = self._as_leased(sandbox)
+        previous = self._put(key, sandbox)
+        # Spin-up is measured once per sandbox, when it turns Ready under our eyes (not on a relist).
+        if sandbox.ready and previous is not None and not previous.ready:
+            phases = startup_phases(pod)
+            if phases is not None:
+                pool_key = self._pod_pool[key]
+                self.startups.setdefault(pool_key, deque(maxlen=RECENT_STARTUPS)).append(phases["total"])
+                if self._on_started:
+                    self._on_started(pool_key, sandbox, phases)
+
+    def on_ledger_change(self, namespace: str, shard: str, pods: set[str]) -> None:
+        """Entries of a shard's ledger changed: so did the lease state of those Pods."""
+        for name in pods:
+            key = object_key(namespace, name)
+            known = self._ledger_pods.get(key)
+            if known is not None and known.shard == shard:
+                self._put(key, self._as_leased(known))
+
+    def _as_leased(self, sandbox: SandboxPod) -> SandboxPod:
+        if self._entry_of is None or sandbox.shard is None:
+            return overlay(sandbox, None)
+        return overlay(sandbox, self._entry_of(sandbox.namespace, sandbox.shard, sandbox.name))
+
+    def _put(self, key: str, sandbox: SandboxPod) -> SandboxPod | None:
+        """Keep a sandbox's reading; the one it replaced. Wakes its pool when anything it plans on changed."""
         pool_key = object_key(sandbox.namespace, sandbox.pool)
         members = self.sandboxes.setdefault(pool_key, {})
         previous = members.get(sandbox.name)
         members[sandbox.name] = sandbox
         self._pod_pool[key] = pool_key
-        # Spin-up is measured once per sandbox, when it turns Ready under our eyes (not on a relist).
-        if sandbox.ready and previous is not None and not previous.ready:
-            phases = startup_phases(pod)
-            if phases is not None:
-                self.startups.setdefault(pool_key, deque(maxlen=RECENT_STARTUPS)).append(phases["total"])
-                if self._on_started:
-                    self._on_started(pool_key, sandbox, phases)
         if sandbox.leased and previous is not None and previous.free:
             self.lease_times.setdefault(pool_key, deque()).append(time.time())
             if self._on_leased:
                 self._on_leased(pool_key)
         if previous is None or _differs(previous, sandbox):
             self._on_pool_change(pool_key)
+        return previous
 
     def pods_listed(self) -> None:
         """The (re)list finished: drop whatever was not in it, and say the cache can be trusted."""
@@ -102,6 +134,9 @@ class ClusterCache:
 
     def _forget_pod(self, key: str) -> None:
         self._set_usage(key, None)
+        gone = self._ledger_pods.pop(key, None)
+        if gone is not None and gone.shard is not None and self._on_ledger_pod_gone:
+            self._on_ledger_pod_gone(gone.namespace, gone.shard, gone.name)
         pool_key = self._pod_pool.pop(key, None)
         if pool_key is not None:
             members = self.sandboxes.get(pool_key, {})

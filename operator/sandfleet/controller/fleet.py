@@ -17,6 +17,7 @@ from sandfleet.controller.kube import Kube, KubeError
 from sandfleet.controller.leader import LeaderElector
 from sandfleet.core import api
 from sandfleet.core.autoscale import AutoscaleState, desired_replicas
+from sandfleet.core.ledger import DEFAULT_SHARDS, Retire, shard_for
 from sandfleet.core.model import (
     PoolSpec,
     Prewarm,
@@ -46,6 +47,7 @@ from sandfleet.core.status import (
     pool_status,
     refused_conditions,
 )
+from sandfleet.kube.ledger import LedgerBook, LedgerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class OperatorSettings:
     runtime_classes: frozenset[str] = frozenset({api.DEFAULT_RUNTIME_CLASS})
     # The fleet key every sandbox's agent token derives from (core/agent_tokens.py).
     agent_key: bytes | None = field(default=None, repr=False)
+    # Ledger shards new Pods of `ledger` pools are spread over, per namespace (core.ledger).
+    ledger_shards: int = DEFAULT_SHARDS
 
 
 @dataclass
@@ -101,10 +105,14 @@ class Operator:
         self.settings = settings
         self.workers: dict[str, PoolWorker] = {}
         self.prewarms: dict[str, Prewarm] = {}
+        # Every namespace's lease ledgers: the lease state of ledger Pods, and where retirements go.
+        self.ledgers = LedgerBook(kube, settings.namespaces, self._ledger_changed)
         self.cache = ClusterCache(
             on_pool_change=self._pool_changed,
             on_started=self._sandbox_started,
             on_leased=self._sandbox_leased,
+            entry_of=self.ledgers.entry,
+            on_ledger_pod_gone=self.ledgers.pod_gone,
         )
         self.elector = LeaderElector(
             kube,
@@ -131,6 +139,7 @@ class Operator:
                 self.kube.list_and_watch("/api/v1/nodes", self.cache.on_node_event, self.cache.nodes_listed)
             )
         )
+        await self.ledgers.start()
         self._tasks.append(spawn(self.elector.run()))
         self._tasks.append(spawn(self._follow_leadership()))
 
@@ -143,6 +152,7 @@ class Operator:
         await asyncio.gather(
             *[w.task for w in self.workers.values() if w.task], *self._tasks, return_exceptions=True
         )
+        await self.ledgers.stop()
         await self.elector.release()
 
     async def _follow_leadership(self) -> None:
@@ -196,6 +206,9 @@ class Operator:
         if worker is not None:
             worker.wake.set()
 
+    def _ledger_changed(self, namespace: str, shard: str, pods: set[str]) -> None:
+        self.cache.on_ledger_change(namespace, shard, pods)
+
     def _sandbox_started(self, pool_key: str, sandbox: SandboxPod, phases: dict[str, float]) -> None:
         pool = pool_key.partition("/")[2]
         for phase, seconds in phases.items():
@@ -219,7 +232,7 @@ class Operator:
             # huge pool never spends more than about half the CPU re-planning while Pods stream in.
             await asyncio.sleep(max(DEBOUNCE_SECONDS, last_pass_seconds))
             worker.wake.clear()
-            if not (self.elector.is_leader and self.cache.synced):
+            if not (self.elector.is_leader and self.cache.synced and self.ledgers.synced.is_set()):
                 continue
             started = time.perf_counter()
             try:
@@ -308,10 +321,9 @@ class Operator:
                 {r.name: r.target for r in decided.regions},
             )
         templates = {g.key: g for g in groups}
-        # Each delete is conditional on the version it was decided on (see Kube.delete_pod).
-        versions = {s.name: s.resource_version for s in sandboxes}
+        decided_on = {s.name: s for s in sandboxes}
         await asyncio.gather(
-            *(self._delete(worker, d, versions.get(d.name, "")) for d in (*decided.deletes, *stranded)),
+            *(self._delete(worker, d, decided_on.get(d.name)) for d in (*decided.deletes, *stranded)),
             *(
                 self._create(worker, c, templates[c.template_hash], now)
                 for c in decided.creates[:MAX_CREATES_PER_PASS]
@@ -326,6 +338,10 @@ class Operator:
     async def _create(self, worker: PoolWorker, create: Create, group: WarmGroup, now: float) -> None:
         spec = worker.spec
         name = f"{spec.name[:40]}-{secrets.token_hex(4)}"
+        shard = None
+        if spec.lease.store == api.STORE_LEDGER:
+            size = max(spec.replicas, spec.autoscaling.max_replicas if spec.autoscaling.enabled else 0)
+            shard = shard_for(name, spec.name, size, self.settings.ledger_shards)
         sandbox = SandboxPod(
             namespace=spec.namespace,
             name=name,
@@ -337,6 +353,7 @@ class Operator:
             created_at=now,
             prewarm=create.prewarm,
             image_key=image_key(group.template.image),
+            shard=shard,
         )
         manifest = sandbox_pod(
             spec,
@@ -346,6 +363,7 @@ class Operator:
             zone=create.zone,
             prewarm=create.prewarm,
             agent_key=self.settings.agent_key,
+            shard=shard,
         )
         # Counted as starting before the request leaves, so no later pass can create it twice.
         worker.expected_creates[name] = sandbox
@@ -364,15 +382,22 @@ class Operator:
                         worker.last_create_error_event_at = time.time()
                         await self._event(worker, "Warning", "CreateFailed", str(error))
 
-    async def _delete(self, worker: PoolWorker, delete: Delete, resource_version: str) -> None:
+    async def _delete(self, worker: PoolWorker, delete: Delete, decided_on: SandboxPod | None) -> None:
         worker.expected_deletes[delete.name] = time.time()
         node = getattr(self.cache.sandboxes.get(worker.spec.key, {}).get(delete.name), "node", None)
         # On a deleted Node no kubelet is left to finish a graceful deletion: only force ends it.
         force = delete.force or (node is not None and node not in self.cache.nodes)
+        # Conditional on the version it was decided on (see Kube.delete_pod): a Pod's own, or, for
+        # a ledger Pod, a retirement in its ledger first (a lease there does not change the Pod).
+        version = decided_on.resource_version if decided_on is not None else ""
+        if decided_on is not None and decided_on.shard is not None and not decided_on.terminating:
+            if not await self._retire(worker, delete, decided_on):
+                return
+            version = ""
         async with self._writes:
             try:
                 deleted = await self.kube.delete_pod(
-                    worker.spec.namespace, delete.name, force=force, resource_version=resource_version
+                    worker.spec.namespace, delete.name, force=force, resource_version=version
                 )
                 if not deleted:
                     # Changed since we decided (a gateway leased it, most often): the watch brings
@@ -387,6 +412,28 @@ class Operator:
                 log.warning("deleting sandbox %s/%s failed: %s", worker.spec.namespace, delete.name, error)
         if delete.reason in FAILURE_REASONS:
             log.info("replaced sandbox %s/%s: %s", worker.spec.namespace, delete.name, delete.reason)
+
+    async def _retire(self, worker: PoolWorker, delete: Delete, sandbox: SandboxPod) -> bool:
+        """Mark a ledger Pod retired (nobody may lease it) before deleting it; False: leave it be.
+
+        Released and retired Pods are past leasing already. Any other is retired only if its entry
+        is still the one the delete was decided on: a gateway that leased or renewed it meanwhile
+        wins, and the next pass decides again. Retirements on one shard share a ledger write.
+        """
+        if sandbox.state in (api.LEASE_RELEASED, api.LEASE_RETIRED) or sandbox.shard is None:
+            return True
+        try:
+            retired = await self.ledgers.submit(
+                sandbox.namespace, sandbox.shard, Retire(sandbox.name, sandbox.entry_rev)
+            )
+        except LedgerUnavailable as error:
+            log.warning("retiring sandbox %s/%s failed: %s", sandbox.namespace, sandbox.name, error)
+            retired = None
+        if retired is None:
+            worker.expected_deletes.pop(delete.name, None)
+            metrics.POD_OPERATIONS.labels("delete", delete.reason, "conflict").inc()
+            return False
+        return True
 
     async def _publish(self, worker: PoolWorker, decided: PoolPlan, now: float) -> float | None:
         """Metrics and status; returns when to come back for a status write held back to batch a burst."""

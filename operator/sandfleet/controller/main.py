@@ -17,6 +17,7 @@ from sandfleet.controller import handlers  # noqa: F401  (registers the kopf han
 from sandfleet.controller.fleet import Operator, OperatorSettings
 from sandfleet.controller.kube import Kube, connect
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
+from sandfleet.core.ledger import DEFAULT_SHARDS
 
 
 class OperatorConfigError(Exception):
@@ -71,6 +72,7 @@ def run(
         lease_seconds=lease_seconds or float(os.environ.get("SANDFLEET_LEADER_LEASE_SECONDS", "15")),
         runtime_classes=frozenset(runtime_classes),
         agent_key=agent_key,
+        ledger_shards=int(os.environ.get("SANDFLEET_LEDGER_SHARDS", str(DEFAULT_SHARDS))),
     )
     asyncio.run(_operate(settings, identity, liveness_endpoint))
 

@@ -1,13 +1,17 @@
 """Names of the sandfleet API: the CRD group, kinds, labels and annotations every component shares.
 
-A sandbox on Kubernetes is one Pod. Its lease lives on the Pod itself (a label for selection, an
-annotation with the details), so a claim is one conditional write and survives any restart:
+A sandbox on Kubernetes is one Pod. Its lease lives in one of two stores, chosen per pool
+(`spec.lease.store`) and fixed per Pod when it is created:
 
-- the operator creates Pods labelled `lease-state=free`;
-- the gateway claims a Ready free Pod by patching it to `leased` with a resourceVersion
-  precondition (a lost race is a 409, never a double lease);
-- release patches it to `released`; the operator deletes released Pods and Pods whose lease
-  expired, and never deletes a leased Pod to shrink a pool.
+- `ledger` (the default): the Pod is labelled `lease-state=ledger` and a shard; its lease is an
+  entry in that shard's SandboxLedger, changed in batches by conditional writes (core.ledger), so
+  a burst of N leases costs about N / batch writes;
+- `pod`: the Pod is labelled `lease-state=free`; the gateway claims it by patching it to `leased`
+  with a resourceVersion precondition (a lost race is a 409, never a double lease), and release
+  patches it to `released`.
+
+Either way the operator deletes released Pods and Pods whose lease expired, and never deletes a
+leased Pod to shrink a pool.
 """
 
 from typing import Final
@@ -20,6 +24,10 @@ POOL_KIND: Final = "SandboxPool"
 POOL_PLURAL: Final = "sandboxpools"
 PREWARM_KIND: Final = "SandboxPrewarm"
 PREWARM_PLURAL: Final = "sandboxprewarms"
+# The lease ledger (core.ledger): the leases of one shard of a namespace's sandbox Pods.
+LEDGER_KIND: Final = "SandboxLedger"
+LEDGER_PLURAL: Final = "sandboxledgers"
+LEDGER_NAME_PREFIX: Final = "sandfleet-ledger-"
 
 REGION_LABEL: Final = "topology.kubernetes.io/region"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
@@ -37,6 +45,9 @@ RUN_LABEL: Final = f"{GROUP}/run"
 # On a Pod leased under an idempotency key: a hash of (holder, key), so a retry reads that key's
 # leases from the apiserver itself (a quorum LIST by label) instead of a watch cache that may lag.
 LEASE_KEY_LABEL: Final = f"{GROUP}/lease-key"
+# On a Pod whose lease lives in its namespace's ledger (a pool with spec.lease.store "ledger"): which
+# shard's SandboxLedger holds it. Set once, at creation: a Pod never moves between stores.
+SHARD_LABEL: Final = f"{GROUP}/shard"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 # On the coordination.k8s.io Lease each gateway replica renews, so replicas find each other.
 GATEWAY_MEMBER_LABEL: Final = f"{GROUP}/gateway-member"
@@ -47,6 +58,15 @@ LEASE_LEASED: Final = "leased"
 LEASE_RELEASED: Final = "released"
 # Reset after its run's episode and waiting for that run's next lease (a pool with spec.recycle).
 LEASE_RESERVED: Final = "reserved"
+# The operator is deleting it (a ledger entry, written before the delete): nobody may lease it.
+LEASE_RETIRED: Final = "retired"
+# The lease-state label of a Pod whose lease lives in the ledger: read without the ledger it is
+# neither free (so never leased) nor leased (so never reaped).
+LEASE_IN_LEDGER: Final = "ledger"
+
+# Where a pool's leases are written (spec.lease.store).
+STORE_LEDGER: Final = "ledger"
+STORE_POD: Final = "pod"
 
 # Annotations on sandbox Pods.
 LEASE_ANNOTATION: Final = f"{GROUP}/lease"  # JSON, see sandfleet.core.leases.LeaseRecord (holds the expiry)

@@ -145,11 +145,21 @@ def lease_from_annotations(annotations: dict[str, str] | None) -> LeaseRecord | 
     if not raw:
         return None
     try:
-        data = json.loads(raw)
-        # Fields a newer gateway added are left out, so a rolling upgrade never hides a lease.
-        return LeaseRecord(**{name: data[name] for name in _RECORD_FIELDS if name in data})
+        return lease_from_json(json.loads(raw))
     except (TypeError, ValueError):
         return None
+
+
+def lease_from_json(data: Any) -> LeaseRecord:
+    """A LeaseRecord from its JSON object (TypeError or ValueError when it is not one).
+
+    Fields a newer gateway added are left out, so a rolling upgrade never hides a lease.
+    """
+    if not isinstance(data, dict):
+        raise TypeError("a lease record is a JSON object")
+    record = LeaseRecord(**{name: data[name] for name in _RECORD_FIELDS if name in data})
+    # JSON has no tuples or frozen dicts: what comes back must compare equal to what was written.
+    return replace(record, labels=dict(record.labels))
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(LeaseRecord))

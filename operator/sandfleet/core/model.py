@@ -114,6 +114,8 @@ class LeaseSpec:
 
     default_ttl_seconds: int = 900
     max_ttl_seconds: int = 14_400
+    # Where the pool's leases are written: api.STORE_LEDGER (batched, core.ledger) or api.STORE_POD.
+    store: str = api.STORE_LEDGER
 
 
 DEFAULT_REPLICAS: Final = 0  # spec.replicas
@@ -242,11 +244,20 @@ class SandboxPod:
     # Reserved (state LEASE_RESERVED): the (holder, run) whose next lease it waits for, and since when.
     reserved_for: tuple[str, str] | None = None
     reserved_since: float | None = None
+    # A Pod whose lease lives in its namespace's ledger (core.ledger): its shard, and the revision of
+    # its ledger entry it was read with. None: its lease is written on the Pod itself.
+    shard: str | None = None
+    entry_rev: int = 0
 
     @property
     def key(self) -> str:
         """Its lease id (`lease_id`): the key every index of sandboxes files it under."""
         return lease_id(self.namespace, self.name)
+
+    @property
+    def version(self) -> str:
+        """What a write conditional on this reading checks: the Pod's version, and its ledger entry's."""
+        return self.resource_version if self.shard is None else f"{self.resource_version}/{self.entry_rev}"
 
     @property
     def leased(self) -> bool:
@@ -351,6 +362,7 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
     lease_spec = LeaseSpec(
         default_ttl_seconds=int(lease.get("defaultTTLSeconds", _LEASE.default_ttl_seconds)),
         max_ttl_seconds=int(lease.get("maxTTLSeconds", _LEASE.max_ttl_seconds)),
+        store=str(lease.get("store", _LEASE.store)),
     )
     recycle = spec.get("recycle")
     recycle_policy = (

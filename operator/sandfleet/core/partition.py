@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 def weight(member: str, name: str) -> int:
@@ -25,6 +25,21 @@ def owner(name: str, members: Iterable[str]) -> str | None:
         if best is None or score > best:
             best = score
     return best[1] if best is not None else None
+
+
+def shard_owner(shard: str, members: Sequence[str]) -> str | None:
+    """The member a ledger shard belongs to first: shards dealt round the sorted members.
+
+    Shards are few (core.ledger.DEFAULT_SHARDS), so hashing them would leave one replica with
+    twice another's share; dealt in turn, the shares differ by one shard at most. A change of
+    membership moves many shards, which costs nothing here: ownership is a preference that keeps
+    replicas writing different ledgers, never a lock.
+    """
+    ordered = sorted(members)
+    if not ordered:
+        return None
+    index = int(shard) if shard.isdigit() else weight("", shard)
+    return ordered[index % len(ordered)]
 
 
 def live_members(last_seen: dict[str, float], me: str, now: float, lease_seconds: float) -> tuple[str, ...]:

@@ -34,6 +34,8 @@ TEMPLATE_CHANGED = "template-changed"
 SURPLUS = "surplus"
 OVER_MAXIMUM = "over-maximum"
 ZONE_GONE = "zone-gone"
+# Its ledger entry says the operator retired it (decided to delete it) and the delete has not landed.
+RETIRED = "retired"
 # A reset sandbox its run did not lease again in time, one past the pool's age bound, or one kept
 # for a pool that stopped recycling (see core.recycle).
 RESERVED_IDLE = "reserved-idle"
@@ -259,6 +261,8 @@ def _classify_one(sandbox: SandboxPod, region: _Region | None, rules: _Rules) ->
     now, deadline = rules.now, rules.deadline
     if sandbox.state == api.LEASE_RELEASED:
         return Delete(sandbox.name, RELEASED)
+    if sandbox.state == api.LEASE_RETIRED:
+        return Delete(sandbox.name, RETIRED)
     if sandbox.reserved:
         retired = _retire_reserved(sandbox, rules)
         if retired is None and region is not None:

@@ -100,10 +100,12 @@ def sandbox_pod(
     zone: str | None,
     prewarm: bool = False,
     agent_key: bytes | None = None,
+    shard: str | None = None,
 ) -> dict[str, Any]:
     """The Pod manifest of one sandbox of `pool` in `region` (and `zone`, when the planner picked one).
 
-    With `agent_key`, the agent gets its own bearer token (derived from the key and `name`).
+    With `agent_key`, the agent gets its own bearer token (derived from the key and `name`). With
+    `shard`, its lease lives in that shard's ledger (core.ledger), never on the Pod.
     """
     labels = {
         api.MANAGED_BY_LABEL: api.MANAGED_BY,
@@ -111,8 +113,10 @@ def sandbox_pod(
         api.SANDBOX_REGION_LABEL: region,
         api.TEMPLATE_HASH_LABEL: template.hash,
         api.IMAGE_KEY_LABEL: image_key(template.image),
-        api.LEASE_STATE_LABEL: api.LEASE_FREE,
+        api.LEASE_STATE_LABEL: api.LEASE_FREE if shard is None else api.LEASE_IN_LEDGER,
     }
+    if shard is not None:
+        labels[api.SHARD_LABEL] = shard
     if prewarm:
         labels[PREWARM_LABEL] = "true"
     node_selector = {**template.node_selector, api.REGION_LABEL: region}
@@ -245,6 +249,7 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
         episodes=episodes_from_annotations(annotations),
         reserved_for=reservation[0] if reservation else None,
         reserved_since=reservation[1] if reservation else None,
+        shard=labels.get(api.SHARD_LABEL),
     )
 
 

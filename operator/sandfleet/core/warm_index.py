@@ -29,9 +29,13 @@ def pick_warm(
     return sorted(warm, key=lambda s: (rank.get(s.region, len(rank)), *_order(s, mine)))
 
 
-def _order(sandbox: SandboxPod, mine: Mine | None) -> tuple[int, float, str]:
-    """A sandbox's place within its region: this replica's own first, then oldest, then by name."""
-    return (0 if mine is None or mine(sandbox) else 1, sandbox.created_at, sandbox.name)
+def _order(sandbox: SandboxPod, mine: Mine | None) -> tuple[int, str, float, str]:
+    """A sandbox's place within its region: this replica's own first, then by ledger shard, oldest first.
+
+    Shard by shard, so a batch's claims go to as few ledger writes as possible (all shards are ""
+    for Pods that carry their own lease).
+    """
+    return (0 if mine is None or mine(sandbox) else 1, sandbox.shard or "", sandbox.created_at, sandbox.name)
 
 
 def preference_rank(regions: tuple[str, ...]) -> dict[str, int]:
@@ -43,8 +47,9 @@ def preference_rank(regions: tuple[str, ...]) -> dict[str, int]:
 
 
 Shelf = tuple[str, str]  # (pool, image key): sandboxes that are interchangeable for a lease
-# (theirs, created_at, name, key, token): a heap entry of one region; `theirs` is 0 for this replica's own
-_Entry = tuple[int, float, str, str, int]
+# (theirs, shard, created_at, name, key, token): a heap entry of one region; `theirs` is 0 for this
+# replica's own
+_Entry = tuple[int, str, float, str, str, int]
 
 
 class WarmIndex:
@@ -153,7 +158,7 @@ class WarmIndex:
                 self._hand_out(entry, skip, taken, passed)
         finally:
             for entry in passed:  # still live: back where they were
-                heapq.heappush(self._heaps[self._live[entry[3]].region], entry)
+                heapq.heappush(self._heaps[self._live[entry[4]].region], entry)
                 self._entries += 1
         return taken
 
@@ -164,7 +169,7 @@ class WarmIndex:
         taken: list[SandboxPod],
         passed: list[_Entry],
     ) -> None:
-        key = entry[3]
+        key = entry[4]
         sandbox = self._live[key]
         if skip is not None and skip(sandbox):
             passed.append(entry)
@@ -178,7 +183,7 @@ class WarmIndex:
         heap = self._heaps.get(region)
         while heap:
             top = heap[0]
-            if self._tokens.get(top[3]) == top[4]:
+            if self._tokens.get(top[4]) == top[5]:
                 return top
             heapq.heappop(heap)
             self._entries -= 1

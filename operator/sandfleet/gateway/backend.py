@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sandfleet.core import api
 from sandfleet.core.lease_keys import LeaseKeys
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import RegionSpec, SandboxPod, image_key, sandbox_key
@@ -34,6 +35,8 @@ class PoolInfo:
     served_images: tuple[str, ...] = ()
     # spec.recycle: a released sandbox of a run is reset and kept for that run's next lease.
     recycle: RecyclePolicy | None = None
+    # spec.lease.store: where new Pods' leases are written (each Pod says its own: SandboxPod.shard).
+    store: str = api.STORE_LEDGER
 
     def serves(self, image: str) -> bool:
         """Whether `image` is the template's or one of `served_images` (compared by image key)."""

@@ -19,8 +19,9 @@ from sandfleet.core.leases import (
     reserve_metadata,
     unclaim_metadata,
 )
-from sandfleet.core.model import SandboxPod, image_key, split_lease_id
-from sandfleet.core.partition import owner
+from sandfleet.core.ledger import Claim, LedgerEntry, Op, Release, Reserve, Rewrite, Unclaim, overlay
+from sandfleet.core.model import SandboxPod, image_key, lease_id, split_lease_id
+from sandfleet.core.partition import owner, shard_owner
 from sandfleet.core.pods import sandbox_from_pod
 from sandfleet.core.recycle import recycle_verdict
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
@@ -30,6 +31,7 @@ from sandfleet.kube.client import APPLY_PATCH, MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import SYNC, Informer
+from sandfleet.kube.ledger import LedgerBook, LedgerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +55,17 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
         image=pool.template.image,
         max_sandboxes=pool.max_sandboxes,
         recycle=pool.recycle,
+        store=pool.lease.store,
     )
 
 
 class KubeBackend(IndexedReads):
-    """A Backend over the Kubernetes API: pools and sandbox Pods in one namespace."""
+    """A Backend over the Kubernetes API: pools and sandbox Pods in one namespace.
+
+    A Pod's lease is read from, and written to, where its Pod says: the shard's ledger for a Pod
+    with a shard label (batched, `sandfleet.kube.ledger`), else the Pod itself (one conditional
+    patch per write). The index holds each Pod as its ledger entry shows it (`core.ledger.overlay`).
+    """
 
     def __init__(
         self,
@@ -78,6 +86,10 @@ class KubeBackend(IndexedReads):
         self.token_audiences = token_audiences or None
         self._connect = connect
         self.index = SandboxIndex()
+        # Each Pod as the Pod itself reads (before its ledger entry is laid over it).
+        self._pods: dict[str, SandboxPod] = {}
+        self._pods_with_own_lease = 0  # Pods of the `pod` store (their leases are written on them)
+        self.ledgers: LedgerBook | None = None
         self._pools: dict[str, PoolInfo] = {}
         # What a (re)list has shown so far: swapped in whole when it ends, so readers never see half.
         self._listed_pods: dict[str, SandboxPod] | None = None
@@ -91,7 +103,8 @@ class KubeBackend(IndexedReads):
     @property
     def connected(self) -> bool:
         """Whether every watch is up (a broken one keeps serving what it knew)."""
-        return all(informer.connected for informer in self._informers)
+        ledgers = self.ledgers is None or self.ledgers.connected
+        return ledgers and all(informer.connected for informer in self._informers)
 
     # -- Backend: reads come from the watch-fed index, never from a list on the hot path --------
 
@@ -104,14 +117,22 @@ class KubeBackend(IndexedReads):
     # -- Backend: conditional writes -----------------------------------------------------------
 
     async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
+        if sandbox.shard is not None:
+            return await self._submit(sandbox, Claim(sandbox.name, sandbox.entry_rev, lease))
         return await self._patch(sandbox, lease_metadata(lease))
 
     async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
+        if sandbox.shard is not None:
+            return await self._submit(sandbox, Rewrite(sandbox.name, sandbox.entry_rev, lease))
         return await self._patch(sandbox, lease_metadata(lease))
 
     async def unclaim(self, sandbox: SandboxPod) -> None:
         # Conditional on the claim's own version: if anybody wrote since (a retry of the same
         # request adopted the lease through another replica), the lease is theirs and stays.
+        if sandbox.shard is not None:
+            with contextlib.suppress(LedgerUnavailable):
+                await self._submit(sandbox, Unclaim(sandbox.name, sandbox.entry_rev))
+            return
         lease = sandbox.lease
         if sandbox.episodes and lease is not None and lease.run:
             # A recycled sandbox nobody received goes back to its run, never to warm for anyone.
@@ -123,6 +144,11 @@ class KubeBackend(IndexedReads):
 
     async def release(self, sandbox: SandboxPod) -> None:
         if await self._recycled(sandbox):
+            return
+        if sandbox.shard is not None and sandbox.lease is not None:
+            # Whatever renewed it since: a release names the lease, not the entry's revision. A
+            # failed write is the caller's to hear (503): it retries, and a release is idempotent.
+            await self._submit(sandbox, Release(sandbox.name, sandbox.lease.id))
             return
         # Unconditional: releasing twice, or after a renewal elsewhere, must still release.
         with contextlib.suppress(KubeError):
@@ -147,15 +173,34 @@ class KubeBackend(IndexedReads):
             return False
         # Unconditional like a release: its agent is in the next episode already, so no call of
         # the ended one gets in, and nobody but this write makes it leasable for the run again.
+        if sandbox.shard is not None:
+            await self._submit(sandbox, Reserve(sandbox.name, lease.id, lease.holder, lease.run, episodes))
+            return True
         with contextlib.suppress(KubeError):
             await self._patch(
                 sandbox, reserve_metadata(lease.holder, lease.run, episodes, time.time()), conditional=False
             )
         return True
 
+    async def _submit(self, sandbox: SandboxPod, op: Op) -> SandboxPod | None:
+        """Queue `op` on the sandbox's ledger shard; the sandbox as the committed entry shows it."""
+        assert self.ledgers is not None
+        assert sandbox.shard is not None
+        entry: LedgerEntry | None = await self.ledgers.submit(sandbox.namespace, sandbox.shard, op)
+        if entry is None:
+            return None
+        written = overlay(self._pods.get(sandbox.key, sandbox), entry)
+        self.index.put(written)
+        return written
+
     async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
-        # A LIST without a resourceVersion is a quorum read: every write that committed before it,
-        # whichever replica made it, is in its answer (the watch may not have delivered them yet).
+        # A consistent read (no resourceVersion): every write that committed before it, whichever
+        # replica made it, is in its answer (the watch may not have delivered them yet).
+        if self.ledgers is not None:
+            await self.ledgers.refresh(self.namespace)
+        ledger_only = all(pool.store == api.STORE_LEDGER for pool in self._pools.values())
+        if ledger_only and not self._pods_with_own_lease:
+            return  # no lease of this namespace is written on a Pod
         selector = f"{api.LEASE_KEY_LABEL}={lease_key_label(holder, idempotency_key)}"
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         listed = await self.kube.json("GET", path, query={"labelSelector": selector})
@@ -175,9 +220,12 @@ class KubeBackend(IndexedReads):
                 return None
             raise
         found = sandbox_from_pod(pod)
-        if found is not None:
-            self._upsert(found)
-        return found
+        if found is None:
+            return None
+        if found.shard is not None and self.ledgers is not None:
+            await self.ledgers.read(found.namespace, found.shard)
+        self._upsert(found)
+        return self.index.get(found.key)
 
     async def _patch(
         self, sandbox: SandboxPod, metadata: dict[str, Any], conditional: bool = True
@@ -278,6 +326,8 @@ class KubeBackend(IndexedReads):
             ),
             Informer(self.kube, pools, self._on_pool, self._pools_listed, resource=api.POOL_PLURAL),
         ]
+        self.ledgers = LedgerBook(self.kube, (self.namespace,), self._on_ledger)
+        await self.ledgers.start()
         self._tasks = [asyncio.create_task(informer.run()) for informer in self._informers]
         self._tasks.append(asyncio.create_task(self._mark_synced()))
         if self.replica is not None:
@@ -290,16 +340,22 @@ class KubeBackend(IndexedReads):
         return len(self.members.members) if self.members is not None else 1
 
     def _share_with(self, members: tuple[str, ...]) -> None:
-        """The replicas changed: prefer the warm Pods that are ours among them (all, when alone)."""
+        """The replicas changed: prefer the warm Pods that are ours among them (all, when alone).
+
+        A ledger Pod belongs to whoever owns its shard, so a replica's claims go to the ledgers it
+        writes anyway and two replicas rarely write the same one.
+        """
         me = self.replica
         if me is None or len(members) < 2:
             self.index.shelves.prefer(None)
         else:
-            self.index.shelves.prefer(lambda sandbox: owner(sandbox.name, members) == me)
+            self.index.shelves.prefer(lambda sandbox: first_owner(sandbox, members) == me)
 
     async def stop(self) -> None:
         if self.members is not None:
             await self.members.stop()
+        if self.ledgers is not None:
+            await self.ledgers.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -312,6 +368,8 @@ class KubeBackend(IndexedReads):
     async def _mark_synced(self) -> None:
         await self._pods_synced.wait()
         await self._pools_synced.wait()
+        if self.ledgers is not None:
+            await self.ledgers.synced.wait()
         self.synced.set()
 
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -324,22 +382,49 @@ class KubeBackend(IndexedReads):
         if self._listed_pods is not None:
             self._listed_pods[sandbox.key] = sandbox
         elif kind == "DELETED":
-            self.index.pop(sandbox.key, None)
+            self._forget(sandbox)
         else:
             self._upsert(sandbox)
 
     def _pods_listed(self) -> None:
         listed, self._listed_pods = self._listed_pods or {}, None
+        for key in [k for k in self._pods if k not in listed]:
+            self._forget(self._pods[key])  # gone while nobody watched
         self.index.clear()
+        self._pods.clear()
+        self._pods_with_own_lease = 0
         for sandbox in listed.values():
             self._upsert(sandbox)
         self._pods_synced.set()
 
     def _upsert(self, sandbox: SandboxPod) -> None:
-        known = self.index.get(sandbox.key)
+        """A reading of a Pod (a watch event, or a write's answer): into the index, with its ledger entry."""
+        known = self._pods.get(sandbox.key)
         if known is not None and _newer(known.resource_version, sandbox.resource_version):
             return  # a late watch event must not roll back what a write already told us
-        self.index.put(sandbox)
+        self._pods[sandbox.key] = sandbox
+        self._pods_with_own_lease += (sandbox.shard is None) - (known is not None and known.shard is None)
+        self.index.put(self._as_leased(sandbox))
+
+    def _forget(self, sandbox: SandboxPod) -> None:
+        known = self._pods.pop(sandbox.key, None)
+        self._pods_with_own_lease -= known is not None and known.shard is None
+        self.index.pop(sandbox.key, None)
+        if sandbox.shard is not None and self.ledgers is not None:
+            self.ledgers.pod_gone(sandbox.namespace, sandbox.shard, sandbox.name)
+
+    def _as_leased(self, sandbox: SandboxPod) -> SandboxPod:
+        """The Pod with the lease state its ledger entry gives it (a Pod-written lease: as it is)."""
+        if sandbox.shard is None or self.ledgers is None:
+            return sandbox
+        return overlay(sandbox, self.ledgers.entry(sandbox.namespace, sandbox.shard, sandbox.name))
+
+    def _on_ledger(self, namespace: str, shard: str, pods: set[str]) -> None:
+        """Entries of a ledger changed: their Pods' readings change with them."""
+        for name in pods:
+            known = self._pods.get(lease_id(namespace, name))
+            if known is not None and known.shard == shard:
+                self.index.put(self._as_leased(known))
 
     def _on_pool(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == SYNC:
@@ -357,6 +442,11 @@ class KubeBackend(IndexedReads):
         listed, self._listed_pools = self._listed_pools or {}, None
         self._pools = listed
         self._pools_synced.set()
+
+
+def first_owner(sandbox: SandboxPod, members: tuple[str, ...]) -> str | None:
+    """The replica a warm sandbox belongs to first: its ledger shard's owner, else its name's."""
+    return owner(sandbox.name, members) if sandbox.shard is None else shard_owner(sandbox.shard, members)
 
 
 def _newer(known: str, incoming: str) -> bool:

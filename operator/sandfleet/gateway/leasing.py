@@ -524,7 +524,7 @@ class LeaseService:
         def skip(sandbox: SandboxPod) -> bool:
             # Taken sandboxes leave the index, so these are only the few an event brought back
             # while their claim is still in flight, or whose version a claim just lost on.
-            return sandbox.key in queue.claiming or self._stale.get(sandbox.key) == sandbox.resource_version
+            return sandbox.key in queue.claiming or self._stale.get(sandbox.key) == sandbox.version
 
         now = self.clock()
         seen: list[_Waiter] = []
@@ -595,7 +595,7 @@ class LeaseService:
             self._disowned.discard(sandbox.key)
             if result is None:
                 # Somebody changed it first (409) or it is gone (404): skip this version of it.
-                self._stale[sandbox.key] = sandbox.resource_version
+                self._stale[sandbox.key] = sandbox.version
                 while len(self._stale) > MAX_STALE:
                     self._stale.popitem(last=False)
             else:
@@ -678,7 +678,7 @@ class LeaseService:
 
     def _on_change(self, sandbox: SandboxPod) -> None:
         self._track_holder(sandbox)
-        if self._stale.get(sandbox.key, sandbox.resource_version) != sandbox.resource_version:
+        if self._stale.get(sandbox.key, sandbox.version) != sandbox.version:
             del self._stale[sandbox.key]  # the version a claim lost on has been superseded
         if sandbox.warm:
             if sandbox.key not in self._ready_at:
@@ -721,6 +721,10 @@ class LeaseService:
             raise NotTheHolder(f"lease {lease_id!r} belongs to another caller")
         if sandbox.state == api.LEASE_RELEASED or sandbox.terminating:
             raise LeaseGone(f"lease {lease_id!r} was released; acquire a new one")
+        if sandbox.state != api.LEASE_LEASED:
+            raise LeaseGone(
+                f"lease {lease_id!r} has ended (its sandbox is {sandbox.state}); acquire a new one"
+            )
         if lease.expired(self.clock()):
             raise LeaseGone(f"lease {lease_id!r} expired; acquire a new one and renew it sooner")
         return lease, sandbox

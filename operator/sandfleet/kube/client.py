@@ -16,6 +16,8 @@ from kubernetes_asyncio import client
 from sandfleet.kube.errors import Gone, KubeError
 
 MERGE_PATCH = "application/merge-patch+json"
+# A list of the objects' metadata alone (no spec or status): what a freshness check needs.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 APPLY_PATCH = "application/apply-patch+yaml"
 # Under the apiserver's default --min-request-timeout jitter window, so the server never cuts us off first.
 WATCH_SECONDS = 290
@@ -58,13 +60,14 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         deadline: aiohttp.ClientTimeout | None = None,
+        accept: str = "application/json",
     ) -> aiohttp.ClientResponse:
         """The open response (the caller releases it); KubeError for any status of 400 or more."""
         response: aiohttp.ClientResponse = await self.api_client.call_api(
             path,
             method,
             query_params=query_params(query),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
             _preload_content=False,

@@ -1,8 +1,8 @@
-"""The informer's Prometheus metrics, labelled by the watched resource (never by object name)."""
+"""The Kubernetes edge's Prometheus metrics: the informer's by watched resource, the ledger's writes."""
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 # Their own registry, so the gateway can serve them beside its per-app one; the operator serves
 # the process-wide default registry, so they are registered there too.
@@ -26,5 +26,18 @@ RESTARTS = Counter(
     ["resource"],
     registry=KUBE_REGISTRY,
 )
-for _counter in (WATCH_EVENTS, RELISTS, RESTARTS):
+LEDGER_WRITES = Counter(
+    "sandfleet_ledger_writes_total",
+    "Writes of a lease ledger (one per batch of operations on a shard), by result: committed, "
+    "conflict (another writer was first: read again and decided afresh) or failed.",
+    ["result"],
+    registry=KUBE_REGISTRY,
+)
+LEDGER_BATCH = Histogram(
+    "sandfleet_ledger_batch_operations",
+    "Lease operations (claims, renewals, releases, resets, retirements) decided per ledger write.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+    registry=KUBE_REGISTRY,
+)
+for _counter in (WATCH_EVENTS, RELISTS, RESTARTS, LEDGER_WRITES, LEDGER_BATCH):
     REGISTRY.register(_counter)

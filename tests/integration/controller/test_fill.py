@@ -43,7 +43,10 @@ def test_fills_every_region_to_its_weighted_target_across_zones(
     pod = items[0]
     assert pod["spec"]["runtimeClassName"] == "gvisor"
     assert pod["spec"]["containers"][0]["image"] == IMAGE
-    assert pod["metadata"]["labels"]["sandfleet.dev/lease-state"] == "free"
+    # The pool keeps its leases in the ledger (the default): the Pod names its shard, and its own
+    # lease-state label says only "look in the ledger" (never free to a reader without it).
+    assert pod["metadata"]["labels"]["sandfleet.dev/lease-state"] == "ledger"
+    assert pod["metadata"]["labels"]["sandfleet.dev/shard"].isdigit()
     assert pod["metadata"]["labels"]["sandfleet.dev/template-hash"]
     owner = pod["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("SandboxPool", "python", True)

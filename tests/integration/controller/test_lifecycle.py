@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import image_key
 from tests.integration.controller.conftest import (
     OperatorProcess,
@@ -18,6 +19,7 @@ from tests.integration.controller.conftest import (
     wait_ready,
 )
 from tests.support.kube import Kubectl, wait_until
+from tests.support.leases import write_lease, write_release
 
 pytestmark = pytest.mark.cluster
 
@@ -25,39 +27,46 @@ ONE_REGION = [{"name": "europe-west4"}]
 
 
 def lease(kube: Kubectl, name: str, expires_at: float) -> None:
-    """What the gateway writes to claim a sandbox (see sandfleet.core.leases)."""
-    patch = {
-        "metadata": {
-            "labels": {"sandfleet.dev/lease-state": "leased"},
-            "annotations": {"sandfleet.dev/lease-expires-at": f"{expires_at:.3f}"},
-        }
-    }
-    kube("patch", "pod", name, "--type=merge", "-p", json.dumps(patch))
+    """What the gateway writes to claim a sandbox, in the store the Pod uses (see tests/support/leases.py)."""
+    now = time.time()
+    record = LeaseRecord(
+        f"{kube.namespace}.{name}", "python", "actor-0", now, expires_at, int(expires_at - now)
+    )
+    write_lease(kube, name, record)
+
+
+# The operator reaps and keeps leases the same whichever store a pool writes them to.
+STORES = pytest.mark.parametrize("store", [api.STORE_LEDGER, api.STORE_POD])
 
 
 def names(items: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["name"] for p in items}
 
 
+@STORES
 def test_released_and_expired_leases_are_reaped_and_live_ones_survive_a_shrink(
-    kube: Kubectl, start_operator: Callable[[], OperatorProcess]
+    kube: Kubectl, start_operator: Callable[[], OperatorProcess], store: str
 ) -> None:
     operator = start_operator()
-    kube.apply(pool_manifest("python", 4, regions=ONE_REGION))
+    kube.apply(pool_manifest("python", 4, regions=ONE_REGION, lease={"store": store}))
     wait_ready(kube, "python", operator)
     released, expiring, live, *_ = sorted(names(live_pods(kube, "python")))
     lease(kube, live, time.time() + 3600)
     lease(kube, expiring, time.time() + 2)
     lease(kube, released, time.time() + 3600)
-    kube("label", "pod", released, "sandfleet.dev/lease-state=released", "--overwrite")
+    write_release(kube, released)
 
     def reaped() -> bool:
         now = names(live_pods(kube, "python"))
         return released not in now and expiring not in now and live in now
 
     wait_until(reaped, timeout=30, what="the released and the expired sandboxes to be deleted")
-    wait_until(lambda: status(kube, "python").get("ready") == 4, timeout=60, what="the warm pool to refill")
-    assert status(kube, "python")["leased"] == 1
+    # The status is written at most once a second while Pods change: it converges on 4 warm, 1 leased.
+    wait_until(
+        lambda: (status(kube, "python").get("ready"), status(kube, "python").get("leased")) == (4, 1),
+        timeout=60,
+        what="the warm pool to refill beside the one live lease",
+    )
 
     kube("scale", "sandboxpool", "python", "--replicas=0")
     wait_until(
@@ -67,16 +76,18 @@ def test_released_and_expired_leases_are_reaped_and_live_ones_survive_a_shrink(
     )
 
 
+@STORES
 def test_template_change_rolls_warm_sandboxes_never_leased_ones(
-    kube: Kubectl, start_operator: Callable[[], OperatorProcess]
+    kube: Kubectl, start_operator: Callable[[], OperatorProcess], store: str
 ) -> None:
     operator = start_operator()
-    kube.apply(pool_manifest("python", 3, regions=ONE_REGION))
+    kube.apply(pool_manifest("python", 3, regions=ONE_REGION, lease={"store": store}))
     wait_ready(kube, "python", operator)
     held = sorted(names(live_pods(kube, "python")))[0]
     lease(kube, held, time.time() + 3600)
     wait_until(lambda: status(kube, "python").get("ready") == 3, timeout=60, what="the refill after a lease")
-    kube.apply(pool_manifest("python", 3, regions=ONE_REGION, template={"image": "sandfleet/sandbox:0.2.0"}))
+    changed = pool_manifest("python", 3, regions=ONE_REGION, template={"image": "sandfleet/sandbox:0.2.0"})
+    kube.apply({**changed, "spec": {**changed["spec"], "lease": {"store": store}}})
 
     def rolled() -> bool:
         items = live_pods(kube, "python")

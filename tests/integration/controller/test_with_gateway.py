@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from sandfleet.core import api
 from tests.integration.controller.conftest import OperatorProcess, pods, pool_manifest
 from tests.integration.gateway.conftest import GatewayFactory, start_gateway
+from tests.support import leases as recorded_leases
 from tests.support.kube import Kubectl, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -19,22 +19,12 @@ __all__ = ["start_gateway"]  # the fixture, imported for this module's tests
 
 
 def states(kube: Kubectl) -> Counter[str]:
-    live = [p for p in pods(kube, "python") if not p["metadata"].get("deletionTimestamp")]
-    return Counter(p["metadata"]["labels"].get(api.LEASE_STATE_LABEL, "?") for p in live)
+    live = [s for s in recorded_leases.read(kube, f"{api.POOL_LABEL}=python").values() if not s.terminating]
+    return Counter(s.state for s in live)
 
 
 def ready_free(kube: Kubectl) -> int:
-    def ready(pod: dict[str, Any]) -> bool:
-        conditions = pod.get("status", {}).get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-    return sum(
-        1
-        for p in pods(kube, "python")
-        if p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) == api.LEASE_FREE
-        and not p["metadata"].get("deletionTimestamp")
-        and ready(p)
-    )
+    return sum(s.warm for s in recorded_leases.read(kube, f"{api.POOL_LABEL}=python").values())
 
 
 def test_leases_drain_the_pool_and_the_operator_refills_and_reaps(

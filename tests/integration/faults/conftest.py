@@ -31,6 +31,7 @@ from localcluster import build
 from localcluster.cluster import LocalCluster, Ports, Topology
 from localcluster.processes import Daemon
 from sandfleet.core import api
+from sandfleet.core.model import SandboxPod
 from tests.integration.faults.kubeapi import KubeApi
 from tests.integration.faults.kubelet import LoopbackKubelet
 from tests.integration.faults.load import Load
@@ -38,6 +39,7 @@ from tests.integration.faults.truth import PodRecorder
 from tests.support.agent_key import fleet_key_file
 from tests.support.invariants import check_history, warm_sandboxes
 from tests.support.kube import Kubectl, wait_until
+from tests.support.leases import recorded
 from tests.support.servers import wait_until_ready
 
 REPO = Path(__file__).resolve().parents[3]
@@ -348,13 +350,20 @@ class Fleet:
         items: list[dict[str, Any]] = self.kube.json("get", "pods", "-l", api.POOL_LABEL)["items"]
         return items
 
+    def ledgers(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.kube.json("get", api.LEDGER_PLURAL)["items"]
+        return items
+
+    def recorded(self) -> dict[str, SandboxPod]:
+        """Pod name -> each sandbox with its lease state as the cluster records it (Pod or ledger)."""
+        return recorded(self.pods(), self.ledgers())
+
     def warm(self) -> dict[str, int]:
-        return warm_sandboxes(self.pods(), self.cluster.ready_nodes())
+        return warm_sandboxes(self.pods(), self.cluster.ready_nodes(), self.ledgers())
 
     def surplus(self) -> list[str]:
         """Live Pods beyond the warm target that are not leased (starting, released, free extra)."""
-        pods = [p for p in self.pods() if not p["metadata"].get("deletionTimestamp")]
-        states = [p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) for p in pods]
+        states = [s.state for s in self.recorded().values() if not s.terminating]
         return [s or "?" for s in states if s != api.LEASE_LEASED][TARGET:]
 
     def wait_at_target(self, timeout: float = 90) -> None:
@@ -371,10 +380,12 @@ class Fleet:
     def describe(self) -> str:
         """One line per sandbox Pod: what a failed wait needs to explain itself."""
         lines = []
+        recorded = self.recorded()
         for pod in self.pods():
             meta, status = pod["metadata"], pod.get("status", {})
             ready = [c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"]
-            state = meta["labels"].get(api.LEASE_STATE_LABEL)
+            known = recorded.get(meta["name"])
+            state = known.state if known is not None else "?"
             lines.append(
                 f"{meta['name']} {state} {status.get('phase')} ready={ready} "
                 f"ip={status.get('podIP')} node={pod['spec'].get('nodeName')} "
@@ -386,9 +397,7 @@ class Fleet:
         """Until no Pod is leased or released any more: every lease ended and was reaped."""
 
         def quiet() -> bool:
-            return not [
-                p for p in self.pods() if p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) != api.LEASE_FREE
-            ]
+            return all(s.state == api.LEASE_FREE for s in self.recorded().values())
 
         wait_until(quiet, timeout, "every lease to end and its Pod to be reaped", 0.5)
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,7 +35,7 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Lease, SandfleetError
 from sandfleet.core import api
-from sandfleet.core.model import lease_episode
+from sandfleet.core.model import SandboxPod, lease_episode
 from tests.integration.faults.conftest import (
     REAP_SECONDS,
     REGIONS,
@@ -47,8 +47,9 @@ from tests.integration.faults.kubeapi import KubeApi
 from tests.integration.faults.readiness import ReadinessKubelet
 from tests.integration.faults.truth import PodRecorder
 from tests.support.agent_key import fleet_key_file
-from tests.support.invariants import Call, ClientLease, check_history
+from tests.support.invariants import Call, ClientLease, check_history, warm_sandboxes
 from tests.support.kube import Kubectl, wait_until
+from tests.support.leases import recorded
 from tests.support.servers import wait_until_ready
 
 pytestmark = pytest.mark.cluster
@@ -102,18 +103,19 @@ class BatchFleet:
         items: list[dict[str, Any]] = listed.get("items") or []
         return items
 
+    def ledgers(self) -> list[dict[str, Any]]:
+        listed = self.kube_api.get(
+            f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{self.namespace}/{api.LEDGER_PLURAL}"
+        )
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items
+
+    def recorded(self) -> dict[str, SandboxPod]:
+        """Pod name -> each sandbox with its lease state as the cluster records it (Pod or ledger)."""
+        return recorded(self.pods(), self.ledgers())
+
     def warm(self) -> int:
-        ready_nodes = self.cluster.ready_nodes()
-        count = 0
-        for pod in self.pods():
-            metadata, status = pod["metadata"], pod.get("status") or {}
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-            )
-            free = metadata["labels"].get(api.LEASE_STATE_LABEL, api.LEASE_FREE) == api.LEASE_FREE
-            placed = pod["spec"].get("nodeName") in ready_nodes
-            count += ready and free and placed and not metadata.get("deletionTimestamp")
-        return count
+        return sum(warm_sandboxes(self.pods(), self.cluster.ready_nodes(), self.ledgers()).values())
 
 
 def _gateway(index: int, namespace: str, workdir: Path) -> Replica:
@@ -412,9 +414,7 @@ def _release_and_check_history(
     ]
 
     def quiet() -> bool:
-        return not any(
-            p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) != api.LEASE_FREE for p in fleet.pods()
-        )
+        return all(s.state == api.LEASE_FREE for s in fleet.recorded().values())
 
     wait_until(quiet, TTL + BURST_REAP_SECONDS + 30, "every lease ended and its Pod reaped", 1.0)
     time.sleep(1.0)  # the recorder's watch catches up with the last deletions
@@ -501,14 +501,11 @@ async def _release_all(fleet: BatchFleet, callers: list[Caller]) -> list[ClientL
 
 def _leased_pods(fleet: BatchFleet) -> dict[str, dict[str, Any]]:
     """Pod name -> its lease record, for every live Pod leased now (the truth)."""
-    leased = {}
-    for pod in fleet.pods():
-        metadata = pod["metadata"]
-        state = metadata["labels"].get(api.LEASE_STATE_LABEL)
-        if state != api.LEASE_LEASED or metadata.get("deletionTimestamp"):
-            continue
-        leased[metadata["name"]] = json.loads(metadata["annotations"][api.LEASE_ANNOTATION])
-    return leased
+    return {
+        name: asdict(sandbox.lease)
+        for name, sandbox in fleet.recorded().items()
+        if sandbox.leased and sandbox.lease is not None and not sandbox.terminating
+    }
 
 
 # -- the test ---------------------------------------------------------------------------------------

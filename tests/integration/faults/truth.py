@@ -1,7 +1,8 @@
-"""The cluster's record of every sandbox Pod's life, from a watch the harness owns (never the gateway's).
+"""The cluster's record of every sandbox Pod's life, from watches the harness owns (never the gateway's).
 
-It notes each Pod's node, every distinct lease annotation it carried, and when it was released,
-marked for deletion and gone; relists (after an apiserver restart) are noted as gaps.
+It notes each Pod's node, every distinct lease it carried (its annotation, or its entry in its
+shard's SandboxLedger), and when it was released, marked for deletion and gone; relists (after an
+apiserver restart) are noted as gaps.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import asdict
 from typing import Any
 
 from sandfleet.core import api
 from sandfleet.core.leases import episodes_from_annotations, reservation_from_annotations
+from sandfleet.core.ledger import LedgerEntry, entry_from_json
 from sandfleet.core.model import lease_episode
 from tests.integration.faults.kubeapi import KubeApi
 from tests.support.invariants import ObservedLease, PodTruth, Reservation
@@ -31,13 +34,22 @@ class PodRecorder:
         self._listing: set[str] | None = None
         self._last_event = time.time()
         self._thread = threading.Thread(target=self._run, name="pod-recorder", daemon=True)
+        self._ledger_thread = threading.Thread(
+            target=self._follow_ledgers, name="ledger-recorder", daemon=True
+        )
+        self._uid_by_name: dict[str, str] = {}
+        # Ledger entries seen for Pods the Pod watch has not shown yet: noted once it does.
+        self._early: dict[str, list[LedgerEntry]] = {}
+        self._ledger_raw: dict[str, dict[str, str]] = {}  # ledger name -> its entries' JSON, as last seen
 
     def start(self) -> None:
         self._thread.start()
+        self._ledger_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
+        self._ledger_thread.join(timeout=15)
 
     def snapshot(self, since: float = 0.0) -> list[PodTruth]:
         """Pods alive at or after `since` (copies, so checks never race the recorder)."""
@@ -90,6 +102,9 @@ class PodRecorder:
             if truth is None:
                 truth = PodTruth(str(metadata.get("name", "")), uid, first_seen=now)
                 self.pods[uid] = truth
+                self._uid_by_name[truth.name] = uid
+                for entry in self._early.pop(truth.name, []):
+                    self._note_entry(truth, entry, now)
             truth.node = (pod.get("spec") or {}).get("nodeName") or truth.node
             self._note_lease(truth, metadata)
             self._note_reservation(truth, metadata)
@@ -100,6 +115,50 @@ class PodRecorder:
                 truth.deleting_at = now
             if kind == "DELETED" and truth.deleted_at is None:
                 truth.deleted_at = now
+
+    def _follow_ledgers(self) -> None:
+        path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{self.namespace}/{api.LEDGER_PLURAL}"
+        self.kube.watch(path, self._on_ledger, self._stop)
+
+    def _on_ledger(self, kind: str, ledger: dict[str, Any]) -> None:
+        """A ledger changed: note what each changed entry says of its Pod's lease."""
+        if kind in ("SYNC", "LISTED", "DELETED"):
+            return
+        now = time.time()
+        name = str((ledger.get("metadata") or {}).get("name", ""))
+        raw = {
+            str(pod): str(value) for pod, value in ((ledger.get("spec") or {}).get("entries") or {}).items()
+        }
+        with self._lock:
+            before = self._ledger_raw.get(name, {})
+            self._ledger_raw[name] = raw
+            for pod, value in raw.items():
+                if before.get(pod) == value:
+                    continue
+                entry = entry_from_json(value)
+                if entry is None:
+                    continue
+                uid = self._uid_by_name.get(pod)
+                if uid is None:
+                    self._early.setdefault(pod, []).append(entry)
+                else:
+                    self._note_entry(self.pods[uid], entry, now)
+
+    @staticmethod
+    def _note_entry(truth: PodTruth, entry: LedgerEntry, now: float) -> None:
+        if entry.lease is not None and entry.state in (
+            api.LEASE_LEASED,
+            api.LEASE_RELEASED,
+            api.LEASE_RETIRED,
+        ):
+            PodRecorder._note_record(truth, asdict(entry.lease))
+        if entry.state == api.LEASE_RELEASED and truth.released_at is None:
+            truth.released_at = now
+        if entry.state == api.LEASE_RESERVED and entry.reserved_for is not None:
+            holder, run = entry.reserved_for
+            kept = Reservation(entry.episodes, holder, run, entry.reserved_since or now)
+            if kept not in truth.reservations:
+                truth.reservations.append(kept)
 
     @staticmethod
     def _note_reservation(truth: PodTruth, metadata: dict[str, Any]) -> None:
@@ -121,6 +180,10 @@ class PodRecorder:
             data = json.loads(raw)
         except ValueError:
             return
+        PodRecorder._note_record(truth, data)
+
+    @staticmethod
+    def _note_record(truth: PodTruth, data: dict[str, Any]) -> None:
         holder = str(data.get("holder", ""))
         acquired = float(data.get("acquired_at", 0.0))
         key = str(data.get("idempotency_key") or f"{holder}/{acquired}")

@@ -16,16 +16,22 @@ import httpx
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.ledger import DEFAULT_SHARDS, PODS_PER_SHARD, shard_for
 from sandfleet.core.model import image_key
+from tests.support import leases as recorded_leases
 from tests.support.agent_key import fleet_key_file
 from tests.support.kube import Kubectl, wait_until
 from tests.support.servers import free_port, wait_until_ready
 
 REGIONS = ("us-east1", "europe-west4", "asia-southeast1")
+# The size the test pools' Pods are sharded for: large enough to spread over every ledger shard, so
+# replicas have shares of their own (core.ledger.shard_for).
+SPREAD = DEFAULT_SHARDS * PODS_PER_SHARD
 TOKENS = "actor-token actor-0 python,other\nother-token actor-1 other\n"
 
 
-def pool_manifest(name: str = "python", max_ttl: int = 3600) -> dict[str, Any]:
+def pool_manifest(name: str = "python", max_ttl: int = 3600, store: str = api.STORE_LEDGER) -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.POOL_KIND,
@@ -34,25 +40,32 @@ def pool_manifest(name: str = "python", max_ttl: int = 3600) -> dict[str, Any]:
             "replicas": 0,
             "regions": [{"name": r} for r in REGIONS],
             "template": {"image": "sandfleet/sandbox:test"},
-            "lease": {"defaultTTLSeconds": 60, "maxTTLSeconds": max_ttl},
+            "lease": {"defaultTTLSeconds": 60, "maxTTLSeconds": max_ttl, "store": store},
         },
     }
 
 
-def sandbox_pod(name: str, pool: str, region: str, image: str = "sandfleet/sandbox:test") -> dict[str, Any]:
-    """A sandbox Pod as the operator makes it (contract: sandfleet.core.api)."""
+def sandbox_pod(
+    name: str,
+    pool: str,
+    region: str,
+    image: str = "sandfleet/sandbox:test",
+    store: str = api.STORE_LEDGER,
+) -> dict[str, Any]:
+    """A sandbox Pod as the operator makes it (contract: sandfleet.core.api) for a pool of `store`."""
+    labels = {
+        api.POOL_LABEL: pool,
+        api.SANDBOX_REGION_LABEL: region,
+        api.LEASE_STATE_LABEL: api.LEASE_FREE,
+        api.IMAGE_KEY_LABEL: image_key(image),
+    }
+    if store == api.STORE_LEDGER:
+        labels[api.LEASE_STATE_LABEL] = api.LEASE_IN_LEDGER
+        labels[api.SHARD_LABEL] = shard_for(name, pool, SPREAD)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": {
-                api.POOL_LABEL: pool,
-                api.SANDBOX_REGION_LABEL: region,
-                api.LEASE_STATE_LABEL: api.LEASE_FREE,
-                api.IMAGE_KEY_LABEL: image_key(image),
-            },
-        },
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "nodeSelector": {api.REGION_LABEL: region},
             "containers": [
@@ -70,10 +83,14 @@ def sandbox_pod(name: str, pool: str, region: str, image: str = "sandfleet/sandb
 class Pool:
     kube: Kubectl
     name: str
+    store: str = api.STORE_LEDGER
 
     def add_sandboxes(self, count: int, region: str | None = None, prefix: str = "sb") -> list[str]:
         names = [f"{self.name}-{prefix}-{i:04d}" for i in range(count)]
-        pods = [sandbox_pod(n, self.name, region or REGIONS[i % len(REGIONS)]) for i, n in enumerate(names)]
+        pods = [
+            sandbox_pod(n, self.name, region or REGIONS[i % len(REGIONS)], store=self.store)
+            for i, n in enumerate(names)
+        ]
         for start in range(0, len(pods), 200):
             self.kube.apply(pods[start : start + 200])
         wait_until(lambda: self.ready_count(prefix) >= count, timeout=120, what=f"{count} ready sandboxes")
@@ -97,20 +114,37 @@ class Pool:
         )
 
     def leases_on_pods(self) -> dict[str, dict[str, Any]]:
-        """Pod name -> the lease annotation, read from the cluster (the truth)."""
-        found = {}
-        for pod in self.pods():
-            raw = pod["metadata"].get("annotations", {}).get(api.LEASE_ANNOTATION)
-            if raw:
-                found[pod["metadata"]["name"]] = json.loads(raw)
-        return found
+        """Pod name -> its lease record as the cluster holds it (on the Pod, or in its ledger): the truth."""
+        return recorded_leases.leases(self.kube, f"{api.POOL_LABEL}={self.name}")
+
+    def states(self) -> dict[str, str]:
+        """Pod name -> its lease state as the cluster holds it."""
+        return recorded_leases.states(self.kube, f"{api.POOL_LABEL}={self.name}")
+
+    def write_claim(self, name: str, lease: LeaseRecord) -> None:
+        """Record `lease` on sandbox `name` as a gateway's claim would (a replica that died, say)."""
+        recorded_leases.write_lease(self.kube, name, lease)
+
+    def write_reservation(self, name: str, holder: str, run: str, episodes: int) -> None:
+        """Record sandbox `name` as a release after a clean reset leaves it: kept for (holder, run)."""
+        recorded_leases.write_reservation(self.kube, name, holder, run, episodes)
+
+
+# Where the pools of the gateway tests keep their leases: the ledger (the default); a test that
+# must hold for both stores takes `pool_store` from STORES.
+STORES = pytest.mark.parametrize("pool_store", [api.STORE_LEDGER, api.STORE_POD])
 
 
 @pytest.fixture
-def pool(kube: Kubectl) -> Pool:
-    kube.apply(pool_manifest("python"))
-    kube.apply(pool_manifest("other"))
-    return Pool(kube, "python")
+def pool_store() -> str:
+    return api.STORE_LEDGER
+
+
+@pytest.fixture
+def pool(kube: Kubectl, pool_store: str) -> Pool:
+    kube.apply(pool_manifest("python", store=pool_store))
+    kube.apply(pool_manifest("other", store=pool_store))
+    return Pool(kube, "python", pool_store)
 
 
 @dataclass
@@ -200,7 +234,7 @@ def _answers(url: str) -> bool:
 def loopback_sandbox(pool: Pool, port: int, index: int = 0) -> str:
     """A sandbox Pod whose address is the loopback agent (status written as a kubelet would)."""
     name = f"{pool.name}-loop-{index}"
-    pod = sandbox_pod(name, pool.name, "us-east1")
+    pod = sandbox_pod(name, pool.name, "us-east1", store=pool.store)
     pod["spec"]["containers"][0]["ports"] = [{"containerPort": port}]
     pool.kube.apply(pod)
     wait_until(lambda: pool.ready_count("loop") > index, timeout=60, what="the sandbox Pod")

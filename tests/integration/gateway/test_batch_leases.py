@@ -1,17 +1,17 @@
-"""Batch acquires through a real gateway on the real apiserver; the truth is read from the Pods."""
+"""Batch acquires through a real gateway on the real apiserver; the truth is read from the cluster."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
 import pytest
 
 from sandfleet.core import api
-from sandfleet.core.leases import LeaseRecord, lease_metadata
+from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import lease_episode
 from tests.integration.gateway.conftest import GatewayFactory, Pool
 from tests.support.invariants import ClientLease, ObservedLease, PodTruth, double_leases, unrecorded_leases
@@ -43,8 +43,9 @@ def grants(response: httpx.Response, at: float) -> list[ClientLease]:
 
 def pod_truth(pool: Pool) -> list[PodTruth]:
     truth = []
+    recorded = pool.leases_on_pods()
     for pod in pool.pods():
-        raw = pool.leases_on_pods().get(pod["metadata"]["name"])
+        raw = recorded.get(pod["metadata"]["name"])
         leases = []
         if raw:
             leases.append(
@@ -56,11 +57,7 @@ def pod_truth(pool: Pool) -> list[PodTruth]:
 
 
 def states(pool: Pool) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for pod in pool.pods():
-        state = pod["metadata"]["labels"][api.LEASE_STATE_LABEL]
-        found[state] = found.get(state, 0) + 1
-    return found
+    return dict(Counter(pool.states().values()))
 
 
 def test_a_batch_from_a_short_pool_returns_what_is_there_after_its_wait_and_nothing_twice(
@@ -154,12 +151,12 @@ def test_a_batch_larger_than_the_quota_is_refused_at_once_saying_which_limit(
 
 
 def _dead_replicas_claim(pool: Pool, name: str, key: str, acquired_at: float) -> None:
-    """Write on a Pod what a replica killed mid-batch had claimed for actor-0 under `key`."""
+    """Record what a replica killed mid-batch had claimed for actor-0 under `key`."""
     lease = LeaseRecord(
         id=f"{pool.kube.namespace}.{name}", pool=pool.name, holder="actor-0", acquired_at=acquired_at,
         expires_at=acquired_at + 120, ttl_seconds=120, idempotency_key=key, attempt="the-dead-replicas",
     )  # fmt: skip
-    pool.kube("patch", "pod", name, "--type=merge", "-p", json.dumps({"metadata": lease_metadata(lease)}))
+    pool.write_claim(name, lease)
 
 
 def test_a_dead_replicas_late_claim_never_changes_what_a_retry_was_answered(
@@ -190,9 +187,4 @@ def test_a_dead_replicas_late_claim_never_changes_what_a_retry_was_answered(
         again = batch(client, 5, 3, 5.0, idempotency_key="step-9")
         assert again.status_code == 201, again.text
         assert sorted(lease["sandbox"] for lease in again.json()["leases"]) == answered
-    assert (
-        json.loads(pool.kube.json("get", "pod", late)["metadata"]["annotations"][api.LEASE_ANNOTATION])[
-            "attempt"
-        ]
-        == "the-dead-replicas"
-    )  # left to its TTL, never handed to anyone
+    assert pool.leases_on_pods()[late]["attempt"] == "the-dead-replicas"  # left to its TTL, never handed out

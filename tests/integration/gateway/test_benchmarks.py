@@ -24,16 +24,25 @@ def test_gateway_leases_short() -> None:
 
 
 def test_gateway_replicas_short() -> None:
-    """One gateway against three, racing or sharing: each configuration measured, figures sane."""
+    """The Pod store against the ledger, one gateway against three: each measured, figures sane."""
     report = run_short("gateway_replicas.py", timeout=900)
     assert report["burst_size"] == 90
-    assert set(report["configs"]) == {"1 gateway", "3 gateways, racing", "3 gateways, sharing"}
-    for figures in report["configs"].values():
+    assert set(report["configs"]) == {
+        "pod store, 1 gateway",
+        "pod store, 3 gateways",
+        "ledger, 1 gateway",
+        "ledger, 3 gateways",
+    }
+    for name, figures in report["configs"].items():
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
         assert figures["leases_per_s"] > 0
-        # Every lease is at least its own claim patch; conflicts are the wasted ones on top.
-        assert figures["pod_patches_per_lease"] >= 1
-        assert figures["pod_patches_per_lease"] - figures["conflicts_per_lease"] >= 1 - 1e-9  # rounded
         assert figures["client_cpu_ms_per_lease"] > 0
         assert figures["replica_p50_spread"] >= 1
-    assert report["throughput_3_sharing_over_1"] > 0
+        if name.startswith("pod store"):
+            # Every lease is at least its own claim patch; conflicts are the wasted ones on top.
+            assert figures["lease_writes_per_lease"] - figures["conflicts_per_lease"] >= 1 - 1e-9  # rounded
+        else:
+            # Claims committed in batches: 90 concurrent acquires take far fewer writes than 90.
+            assert 0 < figures["lease_writes_per_lease"] < 0.5, figures
+    assert report["burst_p50_ledger_over_pod"] > 0
+    assert report["throughput_3_over_1_ledger"] > 0

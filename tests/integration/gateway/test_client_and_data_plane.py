@@ -38,8 +38,7 @@ def test_sync_client_execs_and_moves_files_through_the_gateway(
     with Fleet(gateway.url, token="actor-token") as fleet:
         with pytest.raises(LeaseEnded):
             fleet.renew(lease_id)
-        released = pool.kube.json("get", "pod", "python-loop-0")["metadata"]["labels"]
-        assert released[api.LEASE_STATE_LABEL] == api.LEASE_RELEASED
+        assert pool.states()["python-loop-0"] == api.LEASE_RELEASED
 
 
 def test_async_client_group_and_errors(pool: Pool, start_gateway: GatewayFactory) -> None:

@@ -1,4 +1,8 @@
-"""Leases through real gateway processes on the real apiserver; the truth is read from the Pods."""
+"""Leases through real gateway processes on the real apiserver; the truth is read from the cluster.
+
+The pools keep their leases in the ledger (the default); the tests marked STORES run for the `pod`
+store too, which stays selectable (spec.lease.store).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import httpx
 import pytest
 
 from sandfleet.core import api
-from tests.integration.gateway.conftest import GatewayFactory, Pool, sandbox_pod, wait_for
+from tests.integration.gateway.conftest import STORES, GatewayFactory, Pool, sandbox_pod, wait_for
 from tests.support.kube import Kubectl
 
 pytestmark = pytest.mark.cluster
@@ -22,7 +26,10 @@ def acquire(client: httpx.Client, **body: Any) -> httpx.Response:
     return client.post("/v1/leases", json={"pool": "python", **body})
 
 
-def test_lease_is_written_on_the_pod_and_release_marks_it(pool: Pool, start_gateway: GatewayFactory) -> None:
+@STORES
+def test_a_lease_is_recorded_in_the_cluster_and_release_marks_it(
+    pool: Pool, start_gateway: GatewayFactory
+) -> None:
     pool.add_sandboxes(3)
     gateway = start_gateway()
     with gateway.client() as client:
@@ -32,10 +39,12 @@ def test_lease_is_written_on_the_pod_and_release_marks_it(pool: Pool, start_gate
         (lease,) = body["leases"]
         assert body["queue_position"] == 0
         assert set(body["timings"]) >= {"queue_ms", "claim_ms", "boot_ms", "total_ms"}
-        pod = pool.kube.json("get", "pod", lease["sandbox"])
-        assert pod["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_LEASED
-        assert pod["metadata"]["labels"][api.RUN_LABEL] == "r1"
-        assert pool.leases_on_pods()[lease["sandbox"]]["policy_version"] == 4
+        assert pool.states()[lease["sandbox"]] == api.LEASE_LEASED
+        recorded = pool.leases_on_pods()[lease["sandbox"]]
+        assert (recorded["policy_version"], recorded["labels"]["run"]) == (4, "r1")
+        if pool.store == api.STORE_POD:  # kubectl selects a Pod-store lease by run
+            pod = pool.kube.json("get", "pod", lease["sandbox"])
+            assert pod["metadata"]["labels"][api.RUN_LABEL] == "r1"
 
         assert client.get(f"/v1/leases/{lease['id']}").json()["lease"]["holder"] == "actor-0"
         assert [x["id"] for x in client.get("/v1/leases", params={"run": "r1"}).json()["leases"]] == [
@@ -46,13 +55,13 @@ def test_lease_is_written_on_the_pod_and_release_marks_it(pool: Pool, start_gate
         again = client.delete(f"/v1/leases/{lease['id']}")
         assert again.status_code == 200
         assert again.json()["released"] is False
-        pod = pool.kube.json("get", "pod", lease["sandbox"])
-        assert pod["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_RELEASED
+        assert pool.states()[lease["sandbox"]] == api.LEASE_RELEASED
         gone = client.get(f"/v1/leases/{lease['id']}")
         assert gone.status_code == 410
         assert "released" in gone.json()["detail"]
 
 
+@STORES
 def test_500_concurrent_acquires_over_3_gateways_never_lease_a_sandbox_twice(
     pool: Pool, start_gateway: GatewayFactory
 ) -> None:
@@ -85,7 +94,7 @@ def test_500_concurrent_acquires_over_3_gateways_never_lease_a_sandbox_twice(
     granted = [r.json()["leases"][0] for r in responses if r.status_code == 201]
     assert len(granted) == 300, statuses
     assert len({g["sandbox"] for g in granted}) == 300
-    # The Pods agree: exactly the 300 granted leases, each on its own Pod.
+    # The cluster agrees: exactly the 300 granted leases, each on its own Pod.
     on_pods = pool.leases_on_pods()
     assert {pod: lease["id"] for pod, lease in on_pods.items()} == {g["sandbox"]: g["id"] for g in granted}
     for timeout in (r for r in responses if r.status_code == 504):
@@ -151,9 +160,8 @@ def test_group_acquire_is_all_or_nothing_under_contention(pool: Pool, start_gate
     assert sorted(r.status_code for r in responses) == [201, 504]
     winner = next(r for r in responses if r.status_code == 201)
     assert len(winner.json()["leases"]) == 4
-    leased = [p for p in pool.pods() if p["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_LEASED]
-    assert len(leased) == 4
-    assert sum(p["metadata"]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_FREE for p in pool.pods()) == 1
+    states = Counter(pool.states().values())
+    assert (states[api.LEASE_LEASED], states[api.LEASE_FREE]) == (4, 1)
 
 
 def test_waiters_are_served_in_order_when_sandboxes_arrive(pool: Pool, start_gateway: GatewayFactory) -> None:
@@ -216,7 +224,7 @@ def test_bulk_release_by_run(pool: Pool, start_gateway: GatewayFactory) -> None:
             assert acquire(client, labels={"run": run}).status_code == 201
         released = client.post("/v1/runs/a/release").json()
         assert len(released["released"]) == 2
-        states = Counter(p["metadata"]["labels"][api.LEASE_STATE_LABEL] for p in pool.pods())
+        states = Counter(pool.states().values())
         assert states == {api.LEASE_RELEASED: 2, api.LEASE_LEASED: 1, api.LEASE_FREE: 1}
 
 
@@ -331,11 +339,13 @@ def test_the_gateway_serves_its_informers_counters(pool: Pool, start_gateway: Ga
     pool.add_sandboxes(1)
     with start_gateway().client() as client:
         assert acquire(client).status_code == 201
-        modified = 'sandfleet_kube_watch_events_total{resource="pods",type="MODIFIED"}'
-        wait_for(lambda: modified in client.get("/metrics").text, what="the claim's watch event counted")
+        # The claim is the first write of its shard's ledger: the watch sees the ledger created.
+        added = 'sandfleet_kube_watch_events_total{resource="sandboxledgers",type="ADDED"}'
+        wait_for(lambda: added in client.get("/metrics").text, what="the claim's watch event counted")
         text = client.get("/metrics").text
-    assert 'sandfleet_kube_relists_total{reason="start",resource="pods"} 1.0' in text
-    assert 'sandfleet_kube_relists_total{reason="start",resource="sandboxpools"} 1.0' in text
+    for resource in ("pods", "sandboxpools", "sandboxledgers"):
+        assert f'sandfleet_kube_relists_total{{reason="start",resource="{resource}"}} 1.0' in text
+    assert 'sandfleet_ledger_writes_total{result="committed"} 1.0' in text
 
 
 def test_prefetch_writes_a_prewarm_and_leases_by_image(pool: Pool, start_gateway: GatewayFactory) -> None:
@@ -423,10 +433,10 @@ def test_callers_who_give_up_leave_no_lease_behind(pool: Pool, start_gateway: Ga
         wait_for(lambda: waiting() == 0, "the abandoned acquires to leave the queue", timeout=10)
         names = pool.add_sandboxes(2)
         time.sleep(2)  # an abandoned waiter would have claimed them within milliseconds
-        pods = {p["metadata"]["name"]: p["metadata"] for p in pool.pods()}
+        states, recorded = pool.states(), pool.leases_on_pods()
         for name in names:
-            assert pods[name]["labels"][api.LEASE_STATE_LABEL] == api.LEASE_FREE
-            assert api.LEASE_ANNOTATION not in (pods[name].get("annotations") or {})
+            assert states[name] == api.LEASE_FREE
+            assert name not in recorded
         granted = acquire(client, count=2, wait_seconds=5)
         assert granted.status_code == 201, granted.text
         assert sorted(lease["sandbox"] for lease in granted.json()["leases"]) == sorted(names)

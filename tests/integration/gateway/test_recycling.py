@@ -8,16 +8,13 @@ copy, so it refuses the reset, as an agent would whose copy could not be made.
 
 from __future__ import annotations
 
-import json
-import time
-
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sandfleet.client import Fleet, NoSandboxInTime
 from sandfleet.core import api
-from tests.integration.gateway.conftest import GatewayFactory, Pool, loopback_sandbox, pool_manifest
+from tests.integration.gateway.conftest import STORES, GatewayFactory, Pool, loopback_sandbox, pool_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -33,10 +30,11 @@ def resets(url: str) -> dict[str, float]:
     }
 
 
+@STORES
 def test_a_sandbox_whose_reset_fails_is_released_for_deletion_and_never_handed_out(
     pool: Pool, start_gateway: GatewayFactory, agent: int
 ) -> None:
-    recycling = pool_manifest("python")
+    recycling = pool_manifest("python", store=pool.store)
     recycling["spec"]["recycle"] = {"maxEpisodes": 5, "maxSeconds": 3600}
     pool.kube.apply(recycling)
     name = loopback_sandbox(pool, agent)
@@ -45,26 +43,22 @@ def test_a_sandbox_whose_reset_fails_is_released_for_deletion_and_never_handed_o
         with fleet.lease("python", labels={"run": "r1"}) as sandbox:
             assert sandbox.exec(["true"]).exit_code == 0
             assert sandbox.lease.sandbox == name
-        labels = pool.kube.json("get", "pod", name)["metadata"]["labels"]
-        assert labels[api.LEASE_STATE_LABEL] == api.LEASE_RELEASED
+        assert pool.states()[name] == api.LEASE_RELEASED
         assert resets(gateway.url) == {"reset_failed": 1.0}
         # Released is never leased again, not even by its own run.
         with pytest.raises(NoSandboxInTime), fleet.lease("python", labels={"run": "r1"}, wait_seconds=2):
             pass
 
 
+@STORES
 def test_a_runs_next_lease_claims_its_reserved_pod_and_other_runs_get_warm_ones(
     pool: Pool, start_gateway: GatewayFactory
 ) -> None:
-    recycling = pool_manifest("python")
+    recycling = pool_manifest("python", store=pool.store)
     recycling["spec"]["recycle"] = {"maxEpisodes": 5, "maxSeconds": 3600}
     pool.kube.apply(recycling)
     kept, warm = pool.add_sandboxes(2, region="us-east1")
-    # As a release after a clean reset leaves it (core.leases.reserve_metadata).
-    reservation = json.dumps({"holder": "actor-0", "run": "r1", "since": time.time()})
-    pool.kube("label", "pod", kept, "--overwrite", f"{api.LEASE_STATE_LABEL}={api.LEASE_RESERVED}")
-    pool.kube("annotate", "pod", kept, "--overwrite", f"{api.EPISODES_ANNOTATION}=1",
-              f"{api.RESERVED_ANNOTATION}={reservation}")  # fmt: skip
+    pool.write_reservation(kept, "actor-0", "r1", episodes=1)
     gateway = start_gateway()
     with Fleet(gateway.url, token="actor-token") as fleet:
         with fleet.lease("python", labels={"run": "r2"}) as other:
@@ -72,6 +66,5 @@ def test_a_runs_next_lease_claims_its_reserved_pod_and_other_runs_get_warm_ones(
         (ours,) = fleet.acquire("python", labels={"run": "r1"})
         assert ours.sandbox == kept
         assert ours.id == f"{pool.kube.namespace}.{kept}~1"
-        labels = pool.kube.json("get", "pod", kept)["metadata"]["labels"]
-        assert labels[api.LEASE_STATE_LABEL] == api.LEASE_LEASED
+        assert pool.states()[kept] == api.LEASE_LEASED
         fleet.release(ours.id)

@@ -41,8 +41,12 @@ def _bare_prewarm_ttl() -> float:
 TYPED_POOL = PoolSpec("ns", "p", "", 0, DEFAULT_REPLICAS, (RegionSpec("r"),), Template(""))
 
 
-def _lease_object(lease: LeaseSpec) -> dict[str, int]:
-    return {"defaultTTLSeconds": lease.default_ttl_seconds, "maxTTLSeconds": lease.max_ttl_seconds}
+def _lease_object(lease: LeaseSpec) -> dict[str, int | str]:
+    return {
+        "defaultTTLSeconds": lease.default_ttl_seconds,
+        "maxTTLSeconds": lease.max_ttl_seconds,
+        "store": lease.store,
+    }
 
 
 def _field(dotted: str) -> Callable[[PoolSpec], Any]:
@@ -68,6 +72,7 @@ POOL_FIELDS: dict[str, Callable[[PoolSpec], Any]] = {
     "spec.lease": lambda pool: _lease_object(pool.lease),
     "spec.lease.defaultTTLSeconds": _field("lease.default_ttl_seconds"),
     "spec.lease.maxTTLSeconds": _field("lease.max_ttl_seconds"),
+    "spec.lease.store": _field("lease.store"),
     "spec.autoscaling.enabled": _field("autoscaling.enabled"),
     "spec.autoscaling.minReplicas": _field("autoscaling.min_replicas"),
     "spec.autoscaling.maxReplicas": _field("autoscaling.max_replicas"),

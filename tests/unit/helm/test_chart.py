@@ -487,6 +487,8 @@ OPERATOR_NEEDS = [
     ("create", "leases.coordination.k8s.io", "sandfleet"),
     ("update", "leases.coordination.k8s.io", "sandfleet", "sandfleet-operator"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io", ""),
+    ("watch", "sandboxledgers.sandfleet.dev", "sandfleet"),
+    ("patch", "sandboxledgers.sandfleet.dev", "sandfleet"),
 ]
 OPERATOR_MUST_NOT = [
     ("create", "pods", "other"),
@@ -495,6 +497,8 @@ OPERATOR_MUST_NOT = [
     ("get", "secrets", "sandfleet"),
     ("update", "leases.coordination.k8s.io", "sandfleet", "someone-elses-lease"),
     ("patch", "sandboxpools.sandfleet.dev", "sandfleet"),
+    ("patch", "sandboxledgers.sandfleet.dev", "other"),
+    ("delete", "sandboxledgers.sandfleet.dev", "sandfleet"),
 ]
 GATEWAY_NEEDS = [
     ("watch", "pods", "sandfleet"),
@@ -506,6 +510,9 @@ GATEWAY_NEEDS = [
     ("patch", "leases.coordination.k8s.io", "sandfleet"),
     ("create", "tokenreviews.authentication.k8s.io", ""),
     ("create", "subjectaccessreviews.authorization.k8s.io", ""),
+    ("watch", "sandboxledgers.sandfleet.dev", "sandfleet"),
+    ("create", "sandboxledgers.sandfleet.dev", "sandfleet"),
+    ("patch", "sandboxledgers.sandfleet.dev", "sandfleet"),
 ]
 GATEWAY_MUST_NOT = [
     ("list", "pods", "other"),
@@ -514,6 +521,8 @@ GATEWAY_MUST_NOT = [
     ("get", "secrets", "sandfleet"),
     ("patch", "sandboxpools.sandfleet.dev/status", "sandfleet"),
     ("patch", "leases.coordination.k8s.io", "other"),
+    ("delete", "sandboxledgers.sandfleet.dev", "sandfleet"),
+    ("patch", "sandboxledgers.sandfleet.dev", "other"),
 ]
 
 

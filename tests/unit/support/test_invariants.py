@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.ledger import LedgerEntry, ledger_object
 from tests.support.invariants import (
     Call,
     ClientLease,
@@ -209,17 +211,23 @@ def test_an_outage_soon_after_a_lease_ended_stops_its_reap_clock_for_as_long_as_
 
 
 def test_warm_sandboxes_count_free_ready_pods_on_ready_nodes_per_region() -> None:
-    def pod_object(name: str, state: str, ready: str, node: str, deleting: bool = False) -> dict[str, object]:
-        metadata: dict[str, object] = {
-            "name": name,
-            "labels": {"sandfleet.dev/lease-state": state, "sandfleet.dev/region": "us-east1"},
+    def pod_object(
+        name: str, state: str, ready: str, node: str, deleting: bool = False, shard: str | None = None
+    ) -> dict[str, object]:
+        labels = {
+            "sandfleet.dev/pool": "p",
+            "sandfleet.dev/lease-state": state,
+            "sandfleet.dev/region": "us-east1",
         }
+        if shard is not None:
+            labels["sandfleet.dev/shard"] = shard
+        metadata: dict[str, object] = {"name": name, "namespace": "ns", "labels": labels}
         if deleting:
             metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         return {
             "metadata": metadata,
             "spec": {"nodeName": node},
-            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]},
         }
 
     pods = [
@@ -228,5 +236,15 @@ def test_warm_sandboxes_count_free_ready_pods_on_ready_nodes_per_region() -> Non
         pod_object("c", "free", "False", "n1"),
         pod_object("d", "free", "True", "n2"),  # its node is NotReady
         pod_object("e", "free", "True", "n1", deleting=True),
+        pod_object("f", "ledger", "True", "n1", shard="03"),  # no entry in its ledger: free
+        pod_object("g", "ledger", "True", "n1", shard="03"),  # leased in its ledger
     ]
-    assert warm_sandboxes(pods, {"n1"}) == {"us-east1": 1}
+    held = LedgerEntry("leased", 1, lease=LeaseRecord("ns.g", "p", "alice", 1.0, 61.0, 60))
+    ledgers = [
+        {
+            "metadata": {"namespace": "ns", "name": "sandfleet-ledger-03"},
+            "spec": ledger_object("ns", "03", {"g": held})["spec"],
+        }
+    ]
+    assert warm_sandboxes(pods, {"n1"}, ledgers) == {"us-east1": 2}
+    assert warm_sandboxes(pods[:5], {"n1"}) == {"us-east1": 1}

@@ -1,0 +1,299 @@
+"""Benchmark: apiserver writes per episode on the real gVisor node, a recycling pool beside one without.
+
+Installs the chart on the real-node cluster of the e2e tests (its own state dir and ports; started
+if it is not running, and stopped again unless --keep) with two pools of the base sandbox image:
+`fresh` (every released Pod is deleted and replaced) and `recycled` (`recycle`: the agent resets the
+Pod and the run's next lease gets it back). For each, rounds of sequential episodes of one run
+(lease, one exec, release) go through the chart's gateway, and each round is counted from the
+apiserver's own `apiserver_request_total` from its first lease until the pool has settled again
+(the replacement Pods of `fresh` created, bound and Ready). The cluster's idle writes (node and
+gateway heartbeats, measured over a quiet window before each pool) are subtracted at their rate.
+
+    .venv/bin/python bench/recycle_writes.py                 # 3 rounds of 10 episodes per pool
+    .venv/bin/python bench/recycle_writes.py --episodes 4    # quicker
+
+Prints progress and a summary on stderr, then one JSON object as the last line of stdout (and,
+with --json FILE, into FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubebench import WRITE_VERBS, RequestCounts, request_delta
+
+from sandfleet.client import Fleet, Sandbox
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "hack"))
+from localcluster.addresses import REAL_NODE_TEST_ENV  # noqa: E402
+
+CLUSTER = REPO / "hack" / "cluster"
+SANDBOX_REF = "localhost/sandfleet/sandbox:0.1.0"
+POOLS = ("fresh", "recycled")
+WARM = 2
+IDLE_SECONDS = 15.0
+PSA_LABELS = ("pod-security.kubernetes.io/enforce=baseline", "pod-security.kubernetes.io/warn=restricted")
+
+
+def log(message: str) -> None:
+    print(f"[bench recycle_writes] {message}", file=sys.stderr, flush=True)
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> str:
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:3])} failed:\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+class RealNode:
+    """The e2e suites' real-node cluster, driven with hack/cluster and its own kubectl and helm."""
+
+    def __init__(self) -> None:
+        self.env = {**os.environ, **REAL_NODE_TEST_ENV}
+        self.started = False
+        self.kubeconfig = Path()
+        self.bin_dir = Path()
+
+    def hack(self, *args: str) -> str:
+        return run([str(CLUSTER), *args], env=self.env).strip()
+
+    def up(self) -> None:
+        result = subprocess.run(
+            [str(CLUSTER), "up", "--real-node", "--nodes", "0", "--gpu-nodes", "0"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"hack/cluster up --real-node failed:\n{result.stderr[-3000:]}")
+        self.started = "reusing the running cluster" not in result.stderr
+        self.kubeconfig = Path(self.hack("kubeconfig"))
+        self.bin_dir = Path(self.hack("bin-dir"))
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        argv = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=300, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def helm(self, namespace: str, *args: str) -> str:
+        helm = Path(self.hack("bin-dir", "helm")) / "helm"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        return run([str(helm), "--namespace", namespace, *args], env=env, timeout=900)
+
+    def import_image(self, builder: list[str], ref: str | None = None) -> str:
+        built = json.loads(run(builder).strip().splitlines()[-1])
+        self.hack("import-image", built["archive"], "--ref", ref or built["ref"])
+        return ref or str(built["ref"])
+
+    def writes(self) -> RequestCounts:
+        """The apiserver's counters of write requests (any resource), read with the admin identity."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        counts: RequestCounts = {}
+        for family in text_string_to_metric_families(self.kubectl("get", "--raw", "/metrics")):
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name != "apiserver_request_total" or labels.get("verb") not in WRITE_VERBS:
+                    continue
+                resource = "/".join(filter(None, (labels.get("resource"), labels.get("subresource"))))
+                key = (labels["verb"], resource or "-")
+                counts[key] = counts.get(key, 0.0) + sample.value
+        return counts
+
+
+def values() -> dict[str, Any]:
+    pool = {
+        "image": SANDBOX_REF,
+        "imagePullPolicy": "Never",
+        "replicas": WARM,
+        "regions": [{"name": "us-east1"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+    }
+    return {
+        "runtimeClass": {"create": False, "name": "gvisor"},
+        "operator": {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}},
+        "gateway": {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}},
+        "pools": [
+            {"name": "fresh", **pool},
+            {"name": "recycled", **pool, "recycle": {"maxEpisodes": 1000, "maxSeconds": 3600}},
+        ],
+    }
+
+
+def settled(node: RealNode, namespace: str, pool: str) -> bool:
+    """Every Pod of the pool Ready and none going, and its warm target free again."""
+    listed = json.loads(
+        node.kubectl("-n", namespace, "get", "pods", "-l", f"sandfleet.dev/pool={pool}", "-o", "json")
+    )
+    free = 0
+    for pod in listed["items"]:
+        if pod["metadata"].get("deletionTimestamp"):
+            return False
+        conditions = pod.get("status", {}).get("conditions") or []
+        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            return False
+        free += pod["metadata"]["labels"].get("sandfleet.dev/lease-state") == "free"
+    return free >= WARM
+
+
+def wait_settled(node: RealNode, namespace: str, pool: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not settled(node, namespace, pool):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"pool {pool} did not settle within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def total(delta: dict[str, int]) -> int:
+    return sum(delta.values())
+
+
+def measure_pool(
+    node: RealNode, fleet: Fleet, namespace: str, pool: str, episodes: int, rounds: int
+) -> dict[str, Any]:
+    wait_settled(node, namespace, pool)
+    before, started = node.writes(), time.monotonic()
+    time.sleep(IDLE_SECONDS)
+    idle_rate = total(request_delta(before, node.writes())) / (time.monotonic() - started)
+    log(f"{pool}: the cluster idles at {idle_rate:.2f} writes/s")
+    per_round: list[dict[str, Any]] = []
+    # The release of a recycling pool's episode waits for the reset: its extra time is the reset's.
+    acquire_seconds: list[float] = []
+    release_seconds: list[float] = []
+    for index in range(rounds):
+        before, started = node.writes(), time.monotonic()
+        names = set()
+        for _ in range(episodes):
+            leased = time.monotonic()
+            (lease,) = fleet.acquire(pool, labels={"run": f"bench-{pool}"})
+            acquire_seconds.append(time.monotonic() - leased)
+            names.add(lease.sandbox)
+            assert Sandbox(fleet, lease).exec(["true"]).exit_code == 0
+            released = time.monotonic()
+            fleet.release(lease.id)
+            release_seconds.append(time.monotonic() - released)
+        wait_settled(node, namespace, pool)
+        seconds = time.monotonic() - started
+        delta = request_delta(before, node.writes())
+        net = total(delta) - idle_rate * seconds
+        per_round.append(
+            {
+                "writes_per_episode": round(net / episodes, 2),
+                "gross_writes": total(delta),
+                "seconds": round(seconds, 1),
+                "pods_used": len(names),
+                "writes": delta,
+            }
+        )
+        log(
+            f"{pool} round {index + 1}/{rounds}: {net / episodes:.2f} writes per episode net, "
+            f"{len(names)} Pods, {seconds:.1f} s"
+        )
+    return {
+        "writes_per_episode_median": statistics.median(r["writes_per_episode"] for r in per_round),
+        "idle_writes_per_second": round(idle_rate, 2),
+        "acquire_p50_s": round(statistics.median(acquire_seconds), 4),
+        "release_p50_s": round(statistics.median(release_seconds), 4),
+        "rounds": per_round,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    node = RealNode()
+    log("starting (or reusing) the real-node cluster")
+    node.up()
+    namespace = ""
+    try:
+        log("building and importing the product and sandbox images")
+        node.import_image([str(REPO / "hack" / "product-image"), "build", "--json"])
+        node.import_image([str(REPO / "sandbox_image" / "build"), "--json"], SANDBOX_REF)
+        namespace = f"bench-recycle-{int(time.time())}"
+        node.kubectl("create", "namespace", namespace)
+        node.kubectl("label", "namespace", namespace, *PSA_LABELS)
+        values_file = Path(f"/tmp/{namespace}-values.yaml")
+        values_file.write_text(yaml.safe_dump(values()))
+        log("helm install")
+        node.helm(
+            namespace,
+            "install",
+            "sandfleet",
+            str(REPO / "helm" / "sandfleet"),
+            "-f",
+            str(values_file),
+            "--wait",
+            "--timeout",
+            "300s",
+        )
+        token = node.kubectl(
+            "-n", namespace, "create", "token", "sandfleet-test", "--audience", "sandfleet"
+        ).strip()
+        service = json.loads(
+            node.kubectl("-n", namespace, "get", "service", "sandfleet-gateway", "-o", "json")
+        )
+        url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+        with Fleet(url=url, token=token, timeout=120) as fleet:
+            result = {
+                pool: measure_pool(node, fleet, namespace, pool, args.episodes, args.rounds) for pool in POOLS
+            }
+    finally:
+        if namespace:
+            subprocess.run(
+                [
+                    str(node.bin_dir / "kubectl"),
+                    f"--kubeconfig={node.kubeconfig}",
+                    "delete",
+                    "namespace",
+                    namespace,
+                    "--wait=false",
+                ],
+                capture_output=True,
+                check=False,
+            )
+        if node.started and not args.keep:
+            node.hack("down")
+    fresh, recycled = (result[p]["writes_per_episode_median"] for p in POOLS)
+    summary = {
+        "name": "recycle_writes",
+        "episodes_per_round": args.episodes,
+        "rounds": args.rounds,
+        "fresh_writes_per_episode": fresh,
+        "recycled_writes_per_episode": recycled,
+        "ratio": round(recycled / fresh, 3) if fresh else None,
+        "load_average": os.getloadavg()[0],
+        "pools": result,
+    }
+    log(f"writes per episode, median of {args.rounds} rounds: without recycling {fresh}, recycled {recycled}")
+    log(
+        "release p50 (a recycled one waits for its reset): "
+        f"{result['fresh']['release_p50_s']} s without, {result['recycled']['release_p50_s']} s recycled"
+    )
+    line = json.dumps(summary)
+    if args.json:
+        args.json.write_text(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+"""Lease ledgers over the API: a watch that keeps every shard's SandboxLedger, and group-committed writes.
+
+Operations on a shard (`submit`) queue up while the shard's previous write is in flight; the next
+write takes all of them, decides each against the ledger as last read (`core.ledger.decide`) and
+commits the lot as one merge patch conditional on the ledger's resourceVersion. A 409 means another
+writer (a second gateway replica, the operator) was first: the ledger is read again and the same
+operations decided afresh, so one that the other writer made impossible is refused, never lost in
+a double lease. An operation's caller hears its outcome only once the write holding it committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from sandfleet.core import api
+from sandfleet.core.ledger import (
+    Ledger,
+    LedgerEntry,
+    Op,
+    decide,
+    entries_patch,
+    ledger_name,
+    ledger_object,
+    read_entries,
+)
+from sandfleet.kube.client import MERGE_PATCH, METADATA_LIST, KubeClient
+from sandfleet.kube.errors import KubeError
+from sandfleet.kube.informer import SYNC, Informer
+from sandfleet.kube.metrics import LEDGER_BATCH, LEDGER_WRITES
+
+log = logging.getLogger(__name__)
+
+# Conflicts in a row before a batch gives up (its callers get an error to retry): each is a write by
+# somebody else, so this many means the shard is contended far beyond anything the design expects.
+MAX_ATTEMPTS = 16
+# How long a keyed refresh waits for the watch to bring a ledger it knows is newer, before a GET.
+CATCH_UP_SECONDS = 0.5
+
+ShardKey = tuple[str, str]  # (namespace, shard)
+# (namespace, shard, the Pods whose entry changed): how a ledger's readers hear of each change.
+ChangeListener = Callable[[str, str, set[str]], None]
+
+
+class LedgerUnavailable(RuntimeError):
+    """A ledger write could not be made (the apiserver is away, or the shard too contended): retry."""
+
+
+@dataclass
+class _Shard:
+    ledger: Ledger | None = None
+    raw: dict[str, str] = field(default_factory=dict)  # pod -> its entry's JSON, as last read
+    pending: list[tuple[Op, asyncio.Future[LedgerEntry | None]]] = field(default_factory=list)
+    flusher: asyncio.Task[None] | None = None
+    gone: set[str] = field(default_factory=set)  # Pods seen deleted whose entries may be dropped
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Watch:
+    namespace: str | None  # None: every namespace
+    listing: set[ShardKey] | None = None  # the ledgers a (re)list in progress has shown so far
+    synced: bool = False
+
+
+def _version(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+class LedgerBook:
+    """The ledgers of some namespaces (or of all), read by watches and written in batches."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        namespaces: Sequence[str],
+        on_change: ChangeListener,
+        clock: Callable[[], float] = time.time,
+        linger_seconds: float = 0.0,
+    ) -> None:
+        self.kube = kube
+        self.namespaces = tuple(namespaces)  # empty: every namespace (one cluster-wide watch)
+        self.on_change = on_change
+        self.clock = clock
+        # How long a write waits for more operations once it could start (0: only this loop turn's).
+        self.linger_seconds = linger_seconds
+        self.synced = asyncio.Event()
+        self._shards: dict[ShardKey, _Shard] = {}
+        self._watches: list[_Watch] = []
+        self._informers: list[Informer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.writes = 0  # committed writes, for tests and benchmarks (the metric has every result)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def ledger(self, namespace: str, shard: str) -> Ledger | None:
+        known = self._shards.get((namespace, shard))
+        return known.ledger if known is not None else None
+
+    def entry(self, namespace: str, shard: str, pod: str) -> LedgerEntry | None:
+        ledger = self.ledger(namespace, shard)
+        return ledger.entries.get(pod) if ledger is not None else None
+
+    def ledgers(self) -> list[Ledger]:
+        return [s.ledger for s in self._shards.values() if s.ledger is not None]
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._informers) and all(informer.connected for informer in self._informers)
+
+    async def start(self) -> None:
+        """Start the watches (returns at once; `synced` is set once every first list is in)."""
+        watched: list[str | None] = [*self.namespaces] or [None]
+        self._watches = [_Watch(namespace) for namespace in watched]
+        for watch in self._watches:
+            informer = Informer(
+                self.kube,
+                self._collection(watch.namespace),
+                functools.partial(self._on_event, watch),
+                functools.partial(self._listed, watch),
+                resource=api.LEDGER_PLURAL,
+            )
+            self._informers.append(informer)
+            self._tasks.append(asyncio.create_task(informer.run()))
+
+    async def stop(self) -> None:
+        tasks = [t for t in (*self._tasks, *(s.flusher for s in self._shards.values())) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def pod_gone(self, namespace: str, shard: str, pod: str) -> None:
+        """A Pod was deleted: the next write on its shard drops its entry (if it has one)."""
+        known = self._shards.get((namespace, shard))
+        if known is not None and known.ledger is not None and pod in known.ledger.entries:
+            known.gone.add(pod)
+
+    async def read(self, namespace: str, shard: str) -> Ledger | None:
+        """Read one ledger from the apiserver (a consistent read) and keep it if it is newer."""
+        try:
+            obj = await self.kube.json("GET", self._item(namespace, shard))
+        except KubeError as error:
+            if error.status != 404:
+                raise
+            return self.ledger(namespace, shard)
+        self._store(obj)
+        return self.ledger(namespace, shard)
+
+    async def refresh(self, namespace: str) -> None:
+        """Bring every ledger of `namespace` up to what the apiserver holds now.
+
+        One consistent list of the ledgers' metadata says which have changed since our watch last
+        showed them; those the watch does not bring within a moment are read. Afterwards every
+        write that committed before this call, by any writer, is in what `entry` answers.
+        """
+        listed = await self.kube.json("GET", self._collection(namespace), accept=METADATA_LIST)
+        behind: list[tuple[str, int]] = []
+        for item in listed.get("items") or ():
+            meta = item.get("metadata") or {}
+            shard = _shard_of(str(meta.get("name", "")))
+            if shard is None:
+                continue
+            known = self.ledger(namespace, shard)
+            want = _version(str(meta.get("resourceVersion", "")))
+            if known is None or _version(known.resource_version) < want:
+                behind.append((shard, want))
+        if not behind:
+            return
+        deadline = time.monotonic() + CATCH_UP_SECONDS
+        for shard, want in behind:
+            while time.monotonic() < deadline:
+                known = self.ledger(namespace, shard)
+                if known is not None and _version(known.resource_version) >= want:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                await self.read(namespace, shard)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    async def submit(self, namespace: str, shard: str, op: Op) -> LedgerEntry | None:
+        """Queue `op` on the shard; its outcome once the write that holds it commits.
+
+        The entry it left, or None when it was refused (the entry was not what it was decided on);
+        LedgerUnavailable when the write failed (nothing is known to have changed: retry).
+        """
+        key = (namespace, shard)
+        known = self._shards.setdefault(key, _Shard())
+        future: asyncio.Future[LedgerEntry | None] = asyncio.get_running_loop().create_future()
+        known.pending.append((op, future))
+        if known.flusher is None:
+            known.flusher = asyncio.create_task(self._flush(key, known))
+        return await asyncio.shield(future)
+
+    async def _flush(self, key: ShardKey, shard: _Shard) -> None:
+        try:
+            while shard.pending:
+                # Let every operation of this turn of the loop (a whole dispatch) join the batch.
+                await asyncio.sleep(self.linger_seconds)
+                batch, shard.pending = shard.pending, []
+                await self._commit(key, shard, batch)
+        finally:
+            shard.flusher = None
+            if shard.pending:  # arrived while the task was ending
+                shard.flusher = asyncio.create_task(self._flush(key, shard))
+
+    async def _commit(
+        self, key: ShardKey, shard: _Shard, batch: list[tuple[Op, asyncio.Future[LedgerEntry | None]]]
+    ) -> None:
+        namespace, name = key
+        ops = [op for op, _ in batch]
+        LEDGER_BATCH.observe(len(ops))
+        error: BaseException | None = None
+        for _ in range(MAX_ATTEMPTS):
+            ledger = shard.ledger
+            gone = shard.gone & set(ledger.entries) if ledger is not None else set()
+            decision = decide(ledger.entries if ledger is not None else {}, ops, self.clock(), gone)
+            if not decision.changes:
+                _settle(batch, decision.results)
+                return
+            try:
+                if ledger is None:
+                    written = {pod: e for pod, e in decision.changes.items() if e is not None}
+                    body = ledger_object(namespace, name, written)
+                    obj = await self.kube.json("POST", self._collection(namespace), body=body)
+                else:
+                    obj = await self.kube.json(
+                        "PATCH",
+                        self._item(namespace, name),
+                        body=entries_patch(ledger.resource_version, decision.changes),
+                        content_type=MERGE_PATCH,
+                    )
+            except KubeError as failed:
+                if failed.status == 409:  # somebody wrote (or created) it first
+                    LEDGER_WRITES.labels("conflict").inc()
+                    try:
+                        await self.read(namespace, name)
+                    except (KubeError, TimeoutError, OSError, aiohttp.ClientError) as unread:
+                        error = unread
+                        break
+                    continue
+                if failed.status == 404 and ledger is not None:  # deleted under us: create afresh
+                    shard.ledger, shard.raw = None, {}
+                    continue
+                error = failed
+                break
+            except (TimeoutError, OSError, aiohttp.ClientError) as failed:
+                error = failed
+                break
+            LEDGER_WRITES.labels("committed").inc()
+            self.writes += 1
+            shard.gone -= gone
+            self._store(obj)
+            _settle(batch, decision.results)
+            return
+        LEDGER_WRITES.labels("failed").inc()
+        reason = f"{type(error).__name__}: {error}" if error else f"{MAX_ATTEMPTS} conflicts in a row"
+        log.warning("ledger %s/%s: a write of %d operations failed (%s)", namespace, name, len(ops), reason)
+        unavailable = LedgerUnavailable(f"the lease ledger could not be written ({reason}); retry shortly")
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(unavailable)
+
+    # -- the watch -------------------------------------------------------------------------------
+
+    def _on_event(self, watch: _Watch, kind: str, obj: dict[str, Any]) -> None:
+        if kind == SYNC:  # a (re)list begins: what it does not show is gone
+            watch.listing = set()
+            return
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), _shard_of(str(meta.get("name", ""))) or "")
+        if not key[1]:
+            return
+        if watch.listing is not None:
+            watch.listing.add(key)
+        if kind == "DELETED":
+            self._drop(key)
+        else:
+            self._store(obj)
+
+    def _listed(self, watch: _Watch) -> None:
+        listed, watch.listing = watch.listing or set(), None
+        for key in [k for k, s in self._shards.items() if s.ledger is not None and k not in listed]:
+            if watch.namespace is None or key[0] == watch.namespace:
+                self._drop(key)
+        watch.synced = True
+        if all(w.synced for w in self._watches):
+            self.synced.set()
+
+    def _drop(self, key: ShardKey) -> None:
+        known = self._shards.get(key)
+        if known is None or known.ledger is None:
+            return
+        changed = set(known.ledger.entries)
+        known.ledger, known.raw = None, {}
+        self.on_change(key[0], key[1], changed)
+
+    def _store(self, obj: dict[str, Any]) -> None:
+        """Keep a ledger read from the apiserver unless what we hold is newer; tell who changed."""
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace", ""))
+        shard = str((obj.get("spec") or {}).get("shard", "")) or _shard_of(str(meta.get("name", ""))) or ""
+        key = (namespace, shard)
+        known = self._shards.setdefault(key, _Shard())
+        version = str(meta.get("resourceVersion", ""))
+        if known.ledger is not None and _version(known.ledger.resource_version) >= _version(version):
+            return
+        raw = {str(pod): value for pod, value in ((obj.get("spec") or {}).get("entries") or {}).items()}
+        before = known.ledger.entries if known.ledger is not None else {}
+        entries, changed = read_entries(raw, known.raw, before)
+        known.ledger = Ledger(namespace, shard, version, entries)
+        known.raw = {pod: value for pod, value in raw.items() if isinstance(value, str)}
+        known.gone &= set(entries)
+        if changed:
+            self.on_change(namespace, shard, changed)
+
+    def _collection(self, namespace: str | None) -> str:
+        base = f"/apis/{api.GROUP}/{api.VERSION}"
+        if namespace is None:
+            return f"{base}/{api.LEDGER_PLURAL}"
+        return f"{base}/namespaces/{namespace}/{api.LEDGER_PLURAL}"
+
+    def _item(self, namespace: str, shard: str) -> str:
+        return f"{self._collection(namespace)}/{ledger_name(shard)}"
+
+
+def _shard_of(name: str) -> str | None:
+    if not name.startswith(api.LEDGER_NAME_PREFIX):
+        return None
+    shard = name[len(api.LEDGER_NAME_PREFIX) :]
+    return shard if shard.isdigit() else None
+
+
+def _settle(
+    batch: list[tuple[Op, asyncio.Future[LedgerEntry | None]]], results: tuple[LedgerEntry | None, ...]
+) -> None:
+    for (_, future), result in zip(batch, results, strict=True):
+        if not future.done():
+            future.set_result(result)
