@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
 from localcluster import build  # noqa: E402
-from localcluster.cluster import LocalCluster, Ports, Topology  # noqa: E402
+from localcluster.cluster import POD_CIDR, LocalCluster, Ports, Topology  # noqa: E402
 from sandfleet.core import api  # noqa: E402
 from sandfleet.core.ledger import shard_for  # noqa: E402
 from sandfleet.core.model import image_key  # noqa: E402
@@ -44,8 +45,16 @@ READY_JSONPATH = (
 )
 
 
-def log(message: str) -> None:
-    print(f"[bench gateway] {message}", file=sys.stderr, flush=True)
+def log_to(name: str) -> Callable[[str], None]:
+    """A progress logger for one benchmark (stderr, each line marked with its name)."""
+
+    def log(message: str) -> None:
+        print(f"[bench {name}] {message}", file=sys.stderr, flush=True)
+
+    return log
+
+
+log = log_to("gateway")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -70,13 +79,14 @@ def free_port() -> int:
 
 
 class Bench:
-    def __init__(self, workdir: Path, nodes: int) -> None:
+    def __init__(self, workdir: Path, nodes: int, pod_cidr: str = POD_CIDR) -> None:
         self.nodes = nodes
         # A cluster of its own: the shared test cluster has neither the room nor the quiet.
         self.cluster = LocalCluster(
             Path("/tmp/sandfleet-bench-gateway"),
             Ports(apiserver=17443, etcd_client=24790, etcd_peer=24800,
                   controller_manager=11257, scheduler=11259, kwok=11247),
+            pod_cidr,
         )  # fmt: skip
         self.workdir = workdir
         self.namespace = f"bench-{uuid.uuid4().hex[:8]}"
@@ -116,7 +126,13 @@ class Bench:
         self.kubectl("apply", "-f", "-", stdin=json.dumps(pool))
 
     def add_sandboxes(
-        self, count: int, prefix: str, port: int = 8000, store: str = api.STORE_LEDGER, pool_size: int = 0
+        self,
+        count: int,
+        prefix: str,
+        port: int = 8000,
+        store: str = api.STORE_LEDGER,
+        pool_size: int = 0,
+        pool: str = "bench",
     ) -> None:
         """`count` Ready sandbox Pods as the operator makes them for a pool of `store`.
 
@@ -128,14 +144,14 @@ class Bench:
 
         def labels(name: str, region: str) -> dict[str, str]:
             found = {
-                api.POOL_LABEL: "bench",
+                api.POOL_LABEL: pool,
                 api.SANDBOX_REGION_LABEL: region,
                 api.LEASE_STATE_LABEL: api.LEASE_FREE,
                 api.IMAGE_KEY_LABEL: image_key("sandfleet/sandbox:bench"),
             }
             if store == api.STORE_LEDGER:
                 found[api.LEASE_STATE_LABEL] = api.LEASE_IN_LEDGER
-                found[api.SHARD_LABEL] = shard_for(name, "bench", pool_size or count)
+                found[api.SHARD_LABEL] = shard_for(name, pool, pool_size or count)
             return found
 
         for first in range(0, count, 250):
@@ -164,7 +180,7 @@ class Bench:
                 "create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods})
             )
         while True:
-            ready = self.kubectl("get", "pods", "-l", f"{api.POOL_LABEL}=bench", "-o", READY_JSONPATH)
+            ready = self.kubectl("get", "pods", "-l", f"{api.POOL_LABEL}={pool}", "-o", READY_JSONPATH)
             lines = ready.splitlines()
             done = sum(1 for line in lines if line.startswith(prefix) and line.endswith("True"))
             if done >= count:

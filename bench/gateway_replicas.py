@@ -40,9 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_leases import TOKEN, Bench, cpu_seconds, percentile
 from rawhttp import connections
 
+from sandfleet.client import FRESH_KEY_HEADER
 from sandfleet.core import api
+from sandfleet.core.ledger import PODS_PER_SHARD
 
 CLIENT_PROCESSES = 3
+FRESH = {FRESH_KEY_HEADER: "true"}
 # name -> (lease store, gateway replicas)
 CONFIGS = {
     "pod store, 1 gateway": (api.STORE_POD, 1),
@@ -108,7 +111,8 @@ def client_process(url: str, count: int, start_at: float, run: str, out: Any) ->
                 "labels": {"run": run},
                 "idempotency_key": f"{run}-{os.getpid()}-{index}",
             }
-            status, answer = await pool[index].request("POST", "/v1/leases", body)
+            # As sandfleet.client sends a key it made itself: the first try says it is new.
+            status, answer = await pool[index].request("POST", "/v1/leases", body, FRESH)
             if status != 201:
                 raise RuntimeError(f"acquire failed: {status} {answer}")
             return (time.perf_counter() - started) * 1000, time.time()
@@ -166,7 +170,8 @@ def one_burst(urls: list[str], size: int, run: str) -> dict[str, Any]:
 
 def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round_: int) -> dict[str, Any]:
     prefix = f"r{round_}-{'abcd'[list(CONFIGS).index(name)]}"
-    bench.add_sandboxes(size, prefix, store=store)
+    # Sharded as a pool of at least three shards' size: each of 3 replicas has a shard of its own.
+    bench.add_sandboxes(size, prefix, store=store, pool_size=max(size, 3 * PODS_PER_SHARD))
     gateways = [bench.start_gateway() for _ in range(replicas)]
     started = list(bench.processes[-replicas:])
     urls = [url for url, _ in gateways]

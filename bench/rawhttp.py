@@ -32,7 +32,9 @@ class Connection:
             self._writer.close()
             await self._writer.wait_closed()
 
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async def request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
         """(status, the decoded JSON body, or None when empty)."""
         assert self._reader is not None
         assert self._writer is not None
@@ -40,6 +42,7 @@ class Connection:
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         ).encode()
         self._writer.write(head + self.auth + b"\r\n" + payload)
         header = await self._reader.readuntil(b"\r\n\r\n")

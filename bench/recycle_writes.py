@@ -1,16 +1,18 @@
 """Benchmark: apiserver writes per episode on the real gVisor node, a recycling pool beside one without.
 
 Installs the chart on the real-node cluster of the e2e tests (its own state dir and ports; started
-if it is not running, and stopped again unless --keep) with two pools of the base sandbox image:
-`fresh` (every released Pod is deleted and replaced) and `recycled` (`recycle`: the agent resets the
-Pod and the run's next lease gets it back). For each, rounds of sequential episodes of one run
-(lease, one exec, release) go through the chart's gateway, and each round is counted from the
-apiserver's own `apiserver_request_total` from its first lease until the pool has settled again
-(the replacement Pods of `fresh` created, bound and Ready). The cluster's idle writes (node and
-gateway heartbeats, measured over a quiet window before each pool) are subtracted at their rate.
+if it is not running, and stopped again unless --keep) with two pools of the base sandbox image,
+both keeping their leases in the lease ledger (the default): `fresh` (every released Pod is deleted
+and replaced) and `recycled` (`recycle`: the agent resets the Pod and the run's next lease gets it
+back). For each, rounds of one RL step each go through the chart's gateway: a batch of `--batch`
+episodes of one run (one batch acquire, one exec in each sandbox, one release of the run), and
+each round is counted from the apiserver's own `apiserver_request_total` from its acquire until
+the pool has settled again (the replacement Pods of `fresh` created, bound and Ready). The
+cluster's idle writes (node and gateway heartbeats, measured over a quiet window before each pool)
+are subtracted at their rate.
 
-    .venv/bin/python bench/recycle_writes.py                 # 3 rounds of 10 episodes per pool
-    .venv/bin/python bench/recycle_writes.py --episodes 4    # quicker
+    .venv/bin/python bench/recycle_writes.py                 # 3 rounds of a 16-episode step per pool
+    .venv/bin/python bench/recycle_writes.py --batch 4       # quicker
 
 Prints progress and a summary on stderr, then one JSON object as the last line of stdout (and,
 with --json FILE, into FILE).
@@ -32,6 +34,9 @@ import yaml
 from kubebench import WRITE_VERBS, RequestCounts, request_delta
 
 from sandfleet.client import Fleet, Sandbox
+from sandfleet.core import api
+from sandfleet.core.ledger import ledger_from_object, overlay
+from sandfleet.core.pods import sandbox_from_pod
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
@@ -40,7 +45,6 @@ from localcluster.addresses import REAL_NODE_TEST_ENV  # noqa: E402
 CLUSTER = REPO / "hack" / "cluster"
 SANDBOX_REF = "localhost/sandfleet/sandbox:0.1.0"
 POOLS = ("fresh", "recycled")
-WARM = 2
 IDLE_SECONDS = 15.0
 PSA_LABELS = ("pod-security.kubernetes.io/enforce=baseline", "pod-security.kubernetes.io/warn=restricted")
 
@@ -116,11 +120,11 @@ class RealNode:
         return counts
 
 
-def values() -> dict[str, Any]:
+def values(warm: int) -> dict[str, Any]:
     pool = {
         "image": SANDBOX_REF,
         "imagePullPolicy": "Never",
-        "replicas": WARM,
+        "replicas": warm,
         "regions": [{"name": "us-east1"}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
     }
@@ -135,25 +139,30 @@ def values() -> dict[str, Any]:
     }
 
 
-def settled(node: RealNode, namespace: str, pool: str) -> bool:
-    """Every Pod of the pool Ready and none going, and its warm target free again."""
+def settled(node: RealNode, namespace: str, pool: str, warm: int) -> bool:
+    """Every Pod of the pool Ready and none going, and its warm target free again (by its ledger)."""
     listed = json.loads(
-        node.kubectl("-n", namespace, "get", "pods", "-l", f"sandfleet.dev/pool={pool}", "-o", "json")
+        node.kubectl("-n", namespace, "get", "pods", "-l", f"{api.POOL_LABEL}={pool}", "-o", "json")
     )
+    ledgers = json.loads(node.kubectl("-n", namespace, "get", api.LEDGER_PLURAL, "-o", "json"))
+    entries = {}
+    for obj in ledgers["items"]:
+        ledger = ledger_from_object(obj)
+        entries[ledger.shard] = ledger.entries
     free = 0
     for pod in listed["items"]:
-        if pod["metadata"].get("deletionTimestamp"):
+        sandbox = sandbox_from_pod(pod)
+        if sandbox is None or sandbox.terminating or not sandbox.ready:
             return False
-        conditions = pod.get("status", {}).get("conditions") or []
-        if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            return False
-        free += pod["metadata"]["labels"].get("sandfleet.dev/lease-state") == "free"
-    return free >= WARM
+        if sandbox.shard is not None:
+            sandbox = overlay(sandbox, entries.get(sandbox.shard, {}).get(sandbox.name))
+        free += sandbox.free
+    return free >= warm
 
 
-def wait_settled(node: RealNode, namespace: str, pool: str, timeout: float = 300) -> None:
+def wait_settled(node: RealNode, namespace: str, pool: str, warm: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    while not settled(node, namespace, pool):
+    while not settled(node, namespace, pool, warm):
         if time.monotonic() > deadline:
             raise SystemExit(f"pool {pool} did not settle within {timeout:.0f} s")
         time.sleep(0.5)
@@ -164,9 +173,9 @@ def total(delta: dict[str, int]) -> int:
 
 
 def measure_pool(
-    node: RealNode, fleet: Fleet, namespace: str, pool: str, episodes: int, rounds: int
+    node: RealNode, fleet: Fleet, namespace: str, pool: str, batch: int, rounds: int
 ) -> dict[str, Any]:
-    wait_settled(node, namespace, pool)
+    wait_settled(node, namespace, pool, batch)
     before, started = node.writes(), time.monotonic()
     time.sleep(IDLE_SECONDS)
     idle_rate = total(request_delta(before, node.writes())) / (time.monotonic() - started)
@@ -175,25 +184,26 @@ def measure_pool(
     # The release of a recycling pool's episode waits for the reset: its extra time is the reset's.
     acquire_seconds: list[float] = []
     release_seconds: list[float] = []
+    run = f"bench-{pool}"
+    names: set[str] = set()
     for index in range(rounds):
         before, started = node.writes(), time.monotonic()
-        names = set()
-        for _ in range(episodes):
-            leased = time.monotonic()
-            (lease,) = fleet.acquire(pool, labels={"run": f"bench-{pool}"})
-            acquire_seconds.append(time.monotonic() - leased)
-            names.add(lease.sandbox)
+        leased = time.monotonic()
+        leases = fleet.acquire(pool, count=batch, min_count=batch, labels={"run": run}, wait_seconds=120)
+        acquire_seconds.append(time.monotonic() - leased)
+        names |= {lease.sandbox for lease in leases}
+        for lease in leases:
             assert Sandbox(fleet, lease).exec(["true"]).exit_code == 0
-            released = time.monotonic()
-            fleet.release(lease.id)
-            release_seconds.append(time.monotonic() - released)
-        wait_settled(node, namespace, pool)
+        released = time.monotonic()
+        assert len(fleet.release_run(run)) == batch
+        release_seconds.append(time.monotonic() - released)
+        wait_settled(node, namespace, pool, batch)
         seconds = time.monotonic() - started
         delta = request_delta(before, node.writes())
         net = total(delta) - idle_rate * seconds
         per_round.append(
             {
-                "writes_per_episode": round(net / episodes, 2),
+                "writes_per_episode": round(net / batch, 3),
                 "gross_writes": total(delta),
                 "seconds": round(seconds, 1),
                 "pods_used": len(names),
@@ -201,21 +211,21 @@ def measure_pool(
             }
         )
         log(
-            f"{pool} round {index + 1}/{rounds}: {net / episodes:.2f} writes per episode net, "
-            f"{len(names)} Pods, {seconds:.1f} s"
+            f"{pool} round {index + 1}/{rounds}: {net / batch:.3f} writes per episode net, "
+            f"{len(names)} Pods so far, {seconds:.1f} s"
         )
     return {
         "writes_per_episode_median": statistics.median(r["writes_per_episode"] for r in per_round),
         "idle_writes_per_second": round(idle_rate, 2),
-        "acquire_p50_s": round(statistics.median(acquire_seconds), 4),
-        "release_p50_s": round(statistics.median(release_seconds), 4),
+        "batch_acquire_p50_s": round(statistics.median(acquire_seconds), 4),
+        "batch_release_p50_s": round(statistics.median(release_seconds), 4),
         "rounds": per_round,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=16, help="episodes per step (one batch acquire)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--json", type=Path)
@@ -232,7 +242,7 @@ def main() -> int:
         node.kubectl("create", "namespace", namespace)
         node.kubectl("label", "namespace", namespace, *PSA_LABELS)
         values_file = Path(f"/tmp/{namespace}-values.yaml")
-        values_file.write_text(yaml.safe_dump(values()))
+        values_file.write_text(yaml.safe_dump(values(args.batch)))
         log("helm install")
         node.helm(
             namespace,
@@ -254,7 +264,7 @@ def main() -> int:
         url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
         with Fleet(url=url, token=token, timeout=120) as fleet:
             result = {
-                pool: measure_pool(node, fleet, namespace, pool, args.episodes, args.rounds) for pool in POOLS
+                pool: measure_pool(node, fleet, namespace, pool, args.batch, args.rounds) for pool in POOLS
             }
     finally:
         if namespace:
@@ -275,7 +285,7 @@ def main() -> int:
     fresh, recycled = (result[p]["writes_per_episode_median"] for p in POOLS)
     summary = {
         "name": "recycle_writes",
-        "episodes_per_round": args.episodes,
+        "episodes_per_round": args.batch,
         "rounds": args.rounds,
         "fresh_writes_per_episode": fresh,
         "recycled_writes_per_episode": recycled,
@@ -284,9 +294,10 @@ def main() -> int:
         "pools": result,
     }
     log(f"writes per episode, median of {args.rounds} rounds: without recycling {fresh}, recycled {recycled}")
+    fresh_release, recycled_release = (result[p]["batch_release_p50_s"] for p in POOLS)
     log(
-        "release p50 (a recycled one waits for its reset): "
-        f"{result['fresh']['release_p50_s']} s without, {result['recycled']['release_p50_s']} s recycled"
+        "a step's release p50 (a recycled one waits for its resets): "
+        f"{fresh_release} s without, {recycled_release} s recycled"
     )
     line = json.dumps(summary)
     if args.json:

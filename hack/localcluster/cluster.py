@@ -64,9 +64,14 @@ def _log(message: str) -> None:
 class LocalCluster:
     """One local cluster rooted at a state directory."""
 
-    def __init__(self, state_dir: Path = STATE_DIR, ports: Ports | None = None) -> None:
+    def __init__(
+        self, state_dir: Path = STATE_DIR, ports: Ports | None = None, pod_cidr: str = POD_CIDR
+    ) -> None:
         self.state_dir = state_dir
         self.ports = ports or Ports()
+        # Where kwok's Pod addresses come from: fake ones by default; a benchmark whose Pods must
+        # answer (an agent on this host for every Pod) gives a loopback range such as 127.1.0.0/16.
+        self.pod_cidr = pod_cidr
         self.pki = Pki(state_dir / "pki")
         # A cluster started with --real-node says so in its state directory; later commands follow it.
         self.real_node_spec = RealNodeSpec.load(self.real_node_file)
@@ -201,7 +206,7 @@ class LocalCluster:
                     # Only nodes we annotate: a real kubelet node must stay untouched.
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={nodes.KWOK_ANNOTATION}=fake",
-                    f"--cidr={POD_CIDR}",
+                    f"--cidr={self.pod_cidr}",
                     # Renew each node's Lease: without it the node-lifecycle controller sees no
                     # heartbeat for 40s, marks the node Unknown and every Pod on it NotReady for good.
                     "--node-lease-duration-seconds=40",

@@ -252,6 +252,11 @@ VERIFIER_CANNOT_RUN = frozenset(
 )
 
 
+# Sent on the first try of an acquire whose idempotency key the client made (the gateway's
+# routes/leases.py reads it): a key never sent before has no earlier attempt to read back.
+FRESH_KEY_HEADER = "sandfleet-fresh-key"
+
+
 @dataclass(frozen=True)
 class _Call:
     """One HTTP call, independent of sync or async sending."""
@@ -262,6 +267,9 @@ class _Call:
     params: dict[str, Any] | None = None
     content: bytes | None = None
     retry: bool = False  # only calls that are safe to repeat
+    # An acquire whose idempotency key the client made itself: its first try says the key is new
+    # (the gateway then skips reading back what an earlier try was answered with; there is none).
+    fresh_key: bool = False
 
 
 def error_for(status: int, body: object) -> SandfleetError:
@@ -314,6 +322,7 @@ def _acquire_call(
         # A key per call makes retrying the POST safe: the gateway returns the same leases.
         "idempotency_key": idempotency_key or uuid.uuid4().hex,
     }
+    fresh_key = idempotency_key is None
     if ttl_seconds is not None:
         body["ttl_seconds"] = ttl_seconds
     if policy_version is not None:
@@ -322,7 +331,7 @@ def _acquire_call(
         body["image"] = image
     if min_count is not None:
         body["min_count"] = min_count
-    return _Call("POST", "/v1/leases", json=body, retry=True)
+    return _Call("POST", "/v1/leases", json=body, retry=True, fresh_key=fresh_key)
 
 
 def _leases_from(data: dict[str, Any]) -> list[Lease]:
@@ -459,11 +468,18 @@ class AsyncFleet:
             wait=wait_exponential(multiplier=0.4, max=2.0),  # 0.4 s, 0.8 s, 1.6 s, then 2 s
             reraise=True,
         )
-        return await retrying(self._send, call)
+        tries = [0]
 
-    async def _send(self, call: _Call) -> httpx.Response:
+        async def send() -> httpx.Response:
+            tries[0] += 1
+            return await self._send(call, fresh=call.fresh_key and tries[0] == 1)
+
+        return await retrying(send)
+
+    async def _send(self, call: _Call, fresh: bool = False) -> httpx.Response:
+        headers = {FRESH_KEY_HEADER: "true"} if fresh else None
         response = await self.http.request(
-            call.method, call.path, json=call.json, params=call.params, content=call.content
+            call.method, call.path, json=call.json, params=call.params, content=call.content, headers=headers
         )
         _raise_for(response)
         return response

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from sandfleet.core import api
+from tests.support import leases as recorded_leases
 from tests.support.kube import Kubectl, wait_until
 from tests.support.servers import wait_until_ready
 from tests.unit.helm.chart import CHART, EVERYTHING, helm_binary, render
@@ -341,16 +342,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _ready_free(kube: Kubectl, pool: str) -> int:
-    items = kube.json("get", "pods", "-l", f"{api.POOL_LABEL}={pool}")["items"]
-    return sum(
-        1
-        for p in items
-        if p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) == api.LEASE_FREE
-        and not p["metadata"].get("deletionTimestamp")
-        and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", [])
-        )
-    )
+    return sum(sandbox.warm for sandbox in recorded_leases.read(kube, f"{api.POOL_LABEL}={pool}").values())
 
 
 def test_the_chart_accounts_and_flags_run_the_real_operator_and_gateway(

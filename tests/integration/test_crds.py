@@ -31,7 +31,7 @@ def test_example_is_accepted_and_defaulted(kube: Kubectl) -> None:
     kube("create", "-f", "-", stdin=json.dumps(pool))
     stored = kube.json("get", "sandboxpool", "python")
     assert stored["spec"]["template"]["runtimeClassName"] == "gvisor"
-    assert stored["spec"]["lease"] == {"defaultTTLSeconds": 900, "maxTTLSeconds": 14400}
+    assert stored["spec"]["lease"] == {"defaultTTLSeconds": 900, "maxTTLSeconds": 14400, "store": "ledger"}
     assert stored["spec"]["regions"][2]["weight"] == 1
     assert stored["spec"]["regions"][2]["minWarm"] == 0
     assert "recycle" not in stored["spec"]  # opt-in: no default

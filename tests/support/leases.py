@@ -19,10 +19,10 @@ from sandfleet.core.ledger import (
     FREE,
     Ledger,
     LedgerEntry,
-    entry_to_json,
     ledger_from_object,
     ledger_name,
     ledger_object,
+    ledger_patch,
     overlay,
 )
 from sandfleet.core.model import SandboxPod
@@ -104,11 +104,12 @@ def write_entry(kube: Kubectl, pod: str, change: Callable[[LedgerEntry], LedgerE
     assert shard is not None, f"pod {pod} keeps its lease on itself, not in a ledger"
     found = kube.run("get", api.LEDGER_PLURAL, ledger_name(shard), "-o", "json")
     known = json.loads(found.stdout) if found.returncode == 0 else None
-    entry = change(ledger_from_object(known).entry(pod) if known else FREE)
     if known is None:
-        kube.apply(ledger_object(kube.namespace or "", shard, {pod: entry}))
+        kube.apply(ledger_object(kube.namespace or "", shard, {pod: change(FREE)}))
         return
-    patch = {"spec": {"entries": {pod: entry_to_json(entry)}}}
+    ledger = ledger_from_object(known)
+    entries = {**ledger.entries, pod: change(ledger.entry(pod))}
+    patch = ledger_patch(ledger.resource_version, shard, entries)  # conditional, as a gateway writes
     kube("patch", api.LEDGER_PLURAL, ledger_name(shard), "--type=merge", "-p", json.dumps(patch))
 
 

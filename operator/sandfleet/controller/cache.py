@@ -94,10 +94,13 @@ class ClusterCache:
                 if self._on_started:
                     self._on_started(pool_key, sandbox, phases)
 
-    def on_ledger_change(self, namespace: str, shard: str, pods: set[str]) -> None:
-        """Entries of a shard's ledger changed: so did the lease state of those Pods."""
-        for name in pods:
-            key = object_key(namespace, name)
+    def on_ledger_change(self, namespace: str, shard: str, pods: set[str] | None) -> None:
+        """Entries of a shard's ledger changed (None: all of them): so did those Pods' lease state."""
+        if pods is None:
+            keys = [k for k, s in self._ledger_pods.items() if s.namespace == namespace and s.shard == shard]
+        else:
+            keys = [object_key(namespace, name) for name in pods]
+        for key in keys:
             known = self._ledger_pods.get(key)
             if known is not None and known.shard == shard:
                 self._put(key, self._as_leased(known))

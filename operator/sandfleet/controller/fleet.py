@@ -206,7 +206,7 @@ class Operator:
         if worker is not None:
             worker.wake.set()
 
-    def _ledger_changed(self, namespace: str, shard: str, pods: set[str]) -> None:
+    def _ledger_changed(self, namespace: str, shard: str, pods: set[str] | None) -> None:
         self.cache.on_ledger_change(namespace, shard, pods)
 
     def _sandbox_started(self, pool_key: str, sandbox: SandboxPod, phases: dict[str, float]) -> None:

@@ -62,8 +62,8 @@ class Backend(Protocol):
     def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
         """Sandboxes whose lease `holder` acquired with `idempotency_key` (any state), from an index."""
 
-    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
-        """Bring the index's sandboxes leased under the key up to date with the source of truth.
+    async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:
+        """Bring the index's sandboxes of `pool` leased under the key up to date with the source of truth.
 
         A retry decides what its caller was already answered with from them: another replica's
         writes must be seen in full, not as far as a watch has got.
@@ -248,7 +248,7 @@ class IndexedReads:
     def take_reserved(self, pool: str, image_key: str, holder: str, run: str, count: int) -> list[SandboxPod]:
         return self.index.reserved.take(pool, image_key, holder, run, count)
 
-    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+    async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:
         """Nothing: the index is the truth where one process holds every lease."""
 
     def subscribe(self, on_change: Callable[[SandboxPod], None]) -> None:

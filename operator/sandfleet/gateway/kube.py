@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -88,7 +89,8 @@ class KubeBackend(IndexedReads):
         self.index = SandboxIndex()
         # Each Pod as the Pod itself reads (before its ledger entry is laid over it).
         self._pods: dict[str, SandboxPod] = {}
-        self._pods_with_own_lease = 0  # Pods of the `pod` store (their leases are written on them)
+        # Per pool, its Pods of the `pod` store (their leases are written on them, not in a ledger).
+        self._own_leases: Counter[str] = Counter()
         self.ledgers: LedgerBook | None = None
         self._pools: dict[str, PoolInfo] = {}
         # What a (re)list has shown so far: swapped in whole when it ends, so readers never see half.
@@ -189,18 +191,21 @@ class KubeBackend(IndexedReads):
         entry: LedgerEntry | None = await self.ledgers.submit(sandbox.namespace, sandbox.shard, op)
         if entry is None:
             return None
-        written = overlay(self._pods.get(sandbox.key, sandbox), entry)
-        self.index.put(written)
-        return written
+        # The commit put it in the index already (the ledger's change listener), unless another
+        # write moved it on since: then this is the entry as this operation left it.
+        known = self.index.get(sandbox.key)
+        if known is not None and known.shard == sandbox.shard and known.entry_rev == entry.rev:
+            return known
+        return overlay(self._pods.get(sandbox.key, sandbox), entry)
 
-    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+    async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:
         # A consistent read (no resourceVersion): every write that committed before it, whichever
         # replica made it, is in its answer (the watch may not have delivered them yet).
         if self.ledgers is not None:
             await self.ledgers.refresh(self.namespace)
-        ledger_only = all(pool.store == api.STORE_LEDGER for pool in self._pools.values())
-        if ledger_only and not self._pods_with_own_lease:
-            return  # no lease of this namespace is written on a Pod
+        info = self._pools.get(pool)
+        if (info is None or info.store == api.STORE_LEDGER) and not self._own_leases.get(pool):
+            return  # none of the pool's leases is written on a Pod: no list of Pods by label
         selector = f"{api.LEASE_KEY_LABEL}={lease_key_label(holder, idempotency_key)}"
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         listed = await self.kube.json("GET", path, query={"labelSelector": selector})
@@ -392,7 +397,7 @@ class KubeBackend(IndexedReads):
             self._forget(self._pods[key])  # gone while nobody watched
         self.index.clear()
         self._pods.clear()
-        self._pods_with_own_lease = 0
+        self._own_leases.clear()
         for sandbox in listed.values():
             self._upsert(sandbox)
         self._pods_synced.set()
@@ -403,12 +408,16 @@ class KubeBackend(IndexedReads):
         if known is not None and _newer(known.resource_version, sandbox.resource_version):
             return  # a late watch event must not roll back what a write already told us
         self._pods[sandbox.key] = sandbox
-        self._pods_with_own_lease += (sandbox.shard is None) - (known is not None and known.shard is None)
+        if known is not None and known.shard is None:
+            self._own_leases[known.pool] -= 1
+        if sandbox.shard is None:
+            self._own_leases[sandbox.pool] += 1
         self.index.put(self._as_leased(sandbox))
 
     def _forget(self, sandbox: SandboxPod) -> None:
         known = self._pods.pop(sandbox.key, None)
-        self._pods_with_own_lease -= known is not None and known.shard is None
+        if known is not None and known.shard is None:
+            self._own_leases[known.pool] -= 1
         self.index.pop(sandbox.key, None)
         if sandbox.shard is not None and self.ledgers is not None:
             self.ledgers.pod_gone(sandbox.namespace, sandbox.shard, sandbox.name)
@@ -419,11 +428,16 @@ class KubeBackend(IndexedReads):
             return sandbox
         return overlay(sandbox, self.ledgers.entry(sandbox.namespace, sandbox.shard, sandbox.name))
 
-    def _on_ledger(self, namespace: str, shard: str, pods: set[str]) -> None:
-        """Entries of a ledger changed: their Pods' readings change with them."""
-        for name in pods:
-            known = self._pods.get(lease_id(namespace, name))
-            if known is not None and known.shard == shard:
+    def _on_ledger(self, namespace: str, shard: str, pods: set[str] | None) -> None:
+        """Entries of a ledger changed (None: all of them): their Pods' readings change with them."""
+        if pods is None:
+            changed = [s for s in self._pods.values() if s.namespace == namespace and s.shard == shard]
+        else:
+            changed = [
+                s for s in map(self._pods.get, (lease_id(namespace, n) for n in pods)) if s is not None
+            ]
+        for known in changed:
+            if known.shard == shard:
                 self.index.put(self._as_leased(known))
 
     def _on_pool(self, kind: str, obj: dict[str, Any]) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandfleet.core import api
@@ -35,6 +36,10 @@ class ConfigMapPolicyStore:
         self.clock = clock
         # run -> (read at, policy, resourceVersion, owner)
         self._cache: dict[str, tuple[float, RunPolicy | None, str | None, str | None]] = {}
+        # A read or claim of a run in flight, shared by every acquire that needs it meanwhile: a
+        # new run's first step (hundreds of acquires at once) costs one read and one create, not
+        # one each (measured: a 90-acquire burst of a new run spent 7 ms of gateway CPU per lease).
+        self._flights: dict[tuple[str, str], asyncio.Future[Any]] = {}
 
     async def get(self, run: str) -> RunPolicy | None:
         return (await self._cached(run))[1]
@@ -46,8 +51,17 @@ class ConfigMapPolicyStore:
         cached = self._cache.get(run)
         if cached is not None and self.clock() - cached[0] < CACHE_SECONDS:
             return cached
-        await self._read(run)
+        await self._once(("read", run), lambda: self._read(run))
         return self._cache[run]
+
+    async def _once(self, key: tuple[str, str], call: Callable[[], Awaitable[Any]]) -> Any:
+        """`call()`, or the result of the same call already in flight."""
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = asyncio.ensure_future(call())
+            self._flights[key] = flight
+            flight.add_done_callback(lambda _: self._flights.pop(key, None))
+        return await asyncio.shield(flight)
 
     async def _read(self, run: str) -> tuple[RunPolicy | None, str | None]:
         try:
@@ -68,7 +82,15 @@ class ConfigMapPolicyStore:
         return policy, version
 
     async def claim(self, run: str, owner: str) -> str:
-        """Create the run's ConfigMap naming `owner` (no policy yet); whoever created it first wins."""
+        """Create the run's ConfigMap naming `owner` (no policy yet); whoever created it first wins.
+
+        Claims of one run in flight at once are one claim: its owner is the answer for all of them
+        (a caller other than the owner then finds the run taken, as it would a moment later).
+        """
+        answer: str = await self._once(("claim", run), lambda: self._claim(run, owner))
+        return answer
+
+    async def _claim(self, run: str, owner: str) -> str:
         policy, resource_version = await self._read(run)
         current = self._cache[run][3]
         if current is not None:

@@ -105,6 +105,10 @@ class LeaseRequest:
     wait_seconds: float = 30.0
     min_count: int | None = None  # below `count`: a batch (up to count); None or count: a group
     attempt: str | None = None  # set per keyed attempt: the leases it claims carry it
+    # The caller made the key for this request and never sent it before (the client's first try of
+    # a key it generated): no earlier attempt can have claimed anything under it, so nothing needs
+    # reading back. A caller that says so wrongly only gets fresh leases for its own retry.
+    fresh_key: bool = False
     asked: str | None = None  # set on a keyed request: its request_fingerprint, on every lease it claims
 
     @property
@@ -279,10 +283,10 @@ class LeaseService:
             policy_version=request.policy_version,
         )
         shared = self._by_idempotency_key.get(key)
-        if shared is None or shared.task.cancelled():
+        if (shared is None or shared.task.cancelled()) and not request.fresh_key:
             # What an earlier attempt (at any replica) claimed or was answered with, as the truth
             # has it now: a watch that lags would show part of an answer and give a different one.
-            await self.backend.refresh_keyed(*key)
+            await self.backend.refresh_keyed(*key, request.pool)
             shared = self._by_idempotency_key.get(key)  # one may have started during the read
         if shared is None or shared.task.cancelled():  # called off, not yet forgotten: start afresh
             request = replace(request, attempt=uuid.uuid4().hex, asked=asked)

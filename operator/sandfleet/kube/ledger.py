@@ -23,14 +23,17 @@ import aiohttp
 
 from sandfleet.core import api
 from sandfleet.core.ledger import (
+    UNREADABLE,
     Ledger,
     LedgerEntry,
     Op,
+    apply_changes,
     decide,
-    entries_patch,
     ledger_name,
     ledger_object,
+    ledger_patch,
     read_entries,
+    stored_entries,
 )
 from sandfleet.kube.client import MERGE_PATCH, METADATA_LIST, KubeClient
 from sandfleet.kube.errors import KubeError
@@ -46,8 +49,9 @@ MAX_ATTEMPTS = 16
 CATCH_UP_SECONDS = 0.5
 
 ShardKey = tuple[str, str]  # (namespace, shard)
-# (namespace, shard, the Pods whose entry changed): how a ledger's readers hear of each change.
-ChangeListener = Callable[[str, str, set[str]], None]
+# (namespace, shard, the Pods whose entry changed, None for every Pod of the shard): how a
+# ledger's readers hear of each change.
+ChangeListener = Callable[[str, str, set[str] | None], None]
 
 
 class LedgerUnavailable(RuntimeError):
@@ -61,6 +65,9 @@ class _Shard:
     pending: list[tuple[Op, asyncio.Future[LedgerEntry | None]]] = field(default_factory=list)
     flusher: asyncio.Task[None] | None = None
     gone: set[str] = field(default_factory=set)  # Pods seen deleted whose entries may be dropped
+    # Its stored entries could not be read (damage, or a writer of another encoding): every Pod of
+    # the shard reads as held, and nothing is written over it.
+    unreadable: bool = False
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -109,8 +116,10 @@ class LedgerBook:
         return known.ledger if known is not None else None
 
     def entry(self, namespace: str, shard: str, pod: str) -> LedgerEntry | None:
-        ledger = self.ledger(namespace, shard)
-        return ledger.entries.get(pod) if ledger is not None else None
+        known = self._shards.get((namespace, shard))
+        if known is None or known.ledger is None:
+            return None
+        return UNREADABLE if known.unreadable else known.ledger.entries.get(pod)
 
     def ledgers(self) -> list[Ledger]:
         return [s.ledger for s in self._shards.values() if s.ledger is not None]
@@ -226,21 +235,25 @@ class LedgerBook:
         error: BaseException | None = None
         for _ in range(MAX_ATTEMPTS):
             ledger = shard.ledger
+            if shard.unreadable:
+                error = LedgerUnavailable(f"ledger {ledger_name(name)} in {namespace} cannot be read")
+                break
             gone = shard.gone & set(ledger.entries) if ledger is not None else set()
             decision = decide(ledger.entries if ledger is not None else {}, ops, self.clock(), gone)
             if not decision.changes:
                 _settle(batch, decision.results)
                 return
+            before = ledger.entries if ledger is not None else {}
+            entries, raw = apply_changes(before, shard.raw, decision.changes)
             try:
                 if ledger is None:
-                    written = {pod: e for pod, e in decision.changes.items() if e is not None}
-                    body = ledger_object(namespace, name, written)
+                    body = ledger_object(namespace, name, entries, raw)
                     obj = await self.kube.json("POST", self._collection(namespace), body=body)
                 else:
                     obj = await self.kube.json(
                         "PATCH",
                         self._item(namespace, name),
-                        body=entries_patch(ledger.resource_version, decision.changes),
+                        body=ledger_patch(ledger.resource_version, name, entries, raw),
                         content_type=MERGE_PATCH,
                     )
             except KubeError as failed:
@@ -263,7 +276,10 @@ class LedgerBook:
             LEDGER_WRITES.labels("committed").inc()
             self.writes += 1
             shard.gone -= gone
-            self._store(obj)
+            # What it holds now is what we wrote (the write was conditional on what we read): no
+            # need to decode it again from the answer.
+            version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+            self._keep(key, Ledger(namespace, name, version, entries), raw, set(decision.changes))
             _settle(batch, decision.results)
             return
         LEDGER_WRITES.labels("failed").inc()
@@ -318,14 +334,31 @@ class LedgerBook:
         version = str(meta.get("resourceVersion", ""))
         if known.ledger is not None and _version(known.ledger.resource_version) >= _version(version):
             return
-        raw = {str(pod): value for pod, value in ((obj.get("spec") or {}).get("entries") or {}).items()}
         before = known.ledger.entries if known.ledger is not None else {}
+        raw = stored_entries(obj)
+        if raw is None:
+            log.error(
+                "ledger %s in %s cannot be read: its Pods count as held until it can",
+                meta.get("name"),
+                namespace,
+            )
+            known.ledger, known.raw, known.unreadable = Ledger(namespace, shard, version, before), {}, True
+            self.on_change(namespace, shard, None)
+            return
         entries, changed = read_entries(raw, known.raw, before)
-        known.ledger = Ledger(namespace, shard, version, entries)
-        known.raw = {pod: value for pod, value in raw.items() if isinstance(value, str)}
-        known.gone &= set(entries)
+        self._keep(key, Ledger(namespace, shard, version, entries), raw, changed)
+
+    def _keep(self, key: ShardKey, ledger: Ledger, raw: dict[str, str], changed: set[str]) -> None:
+        """Hold `ledger` (its entries' JSON `raw`) as the shard's latest; tell who changed."""
+        known = self._shards.setdefault(key, _Shard())
+        if known.ledger is not None and _version(known.ledger.resource_version) >= _version(
+            ledger.resource_version
+        ):
+            return
+        known.ledger, known.raw, known.unreadable = ledger, raw, False
+        known.gone &= set(ledger.entries)
         if changed:
-            self.on_change(namespace, shard, changed)
+            self.on_change(key[0], key[1], changed)
 
     def _collection(self, namespace: str | None) -> str:
         base = f"/apis/{api.GROUP}/{api.VERSION}"

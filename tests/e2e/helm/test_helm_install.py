@@ -28,11 +28,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from localcluster.addresses import REAL_POD_CIDR
 from sandfleet.client import Fleet, LeaseEnded, Sandbox
 from sandfleet.core import api
+from sandfleet.core.model import SandboxPod
 from sandfleet.rl.tasks import DEFAULT_CATALOGUE, apply_edit, image_name, load_tasks
 from sandfleet.rl.tasks import build_image as build_task_image
 from tests.e2e.real_node.cluster import RealCluster, http_get_from_pod, pod_json
 from tests.e2e.real_node.conftest import real_cluster  # noqa: F401  (the session fixture)
+from tests.support import leases as recorded_leases
 from tests.support.kube import Kubectl, wait_until
+from tests.support.leases import recorded
 from tests.unit.helm.chart import CHART, REPO, helm_binary
 
 RELEASE = "sandfleet"
@@ -155,12 +158,9 @@ def install(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory)
 
 def _ready_free(install: Install) -> list[dict[str, Any]]:
     pods: list[dict[str, Any]] = install.kube.json("get", "pods", "-l", f"{api.POOL_LABEL}=python")["items"]
-    return [
-        p
-        for p in pods
-        if p["metadata"]["labels"].get(api.LEASE_STATE_LABEL) == api.LEASE_FREE
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    ]
+    ledgers = install.kube.json("get", api.LEDGER_PLURAL)["items"]
+    warm = {name for name, sandbox in recorded(pods, ledgers).items() if sandbox.warm}
+    return [p for p in pods if p["metadata"]["name"] in warm]
 
 
 def test_pools_fill_with_gvisor_sandboxes(install: Install) -> None:
@@ -205,9 +205,10 @@ def test_lease_exec_evaluate_release_through_the_gateway(install: Install) -> No
     wait_until(lambda: len(_ready_free(install)) == SANDBOXES, timeout=240, what="the pool to refill")
 
 
-def _pool_pods(install: Install, pool: str) -> dict[str, dict[str, Any]]:
-    pods = install.kube.json("get", "pods", "-l", f"{api.POOL_LABEL}={pool}")["items"]
-    return {p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
+def _pool_pods(install: Install, pool: str) -> dict[str, SandboxPod]:
+    """The pool's live sandboxes, each with its lease state as the cluster records it (its ledger's)."""
+    found = recorded_leases.read(install.kube, f"{api.POOL_LABEL}={pool}")
+    return {name: sandbox for name, sandbox in found.items() if not sandbox.terminating}
 
 
 def _pod_writes(install: Install) -> Counter[str]:
@@ -224,8 +225,8 @@ def _pod_writes(install: Install) -> Counter[str]:
     return writes
 
 
-def _state(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["labels"].get(api.LEASE_STATE_LABEL))
+def _state(sandbox: SandboxPod) -> str:
+    return sandbox.state
 
 
 def test_a_recycling_pool_gives_its_run_the_reset_pod_back_and_makes_no_pod_per_episode(
@@ -244,8 +245,7 @@ def test_a_recycling_pool_gives_its_run_the_reset_pod_back_and_makes_no_pod_per_
             first.exec(["sh", "-c", "nohup sleep 1000 > /dev/null 2>&1 &"])
             pod, ended = first.lease.sandbox, first.lease.id
         reserved = _pool_pods(install, "recycled")[pod]
-        assert _state(reserved) == api.LEASE_RESERVED, reserved["metadata"]
-        assert reserved["metadata"]["annotations"][api.EPISODES_ANNOTATION] == "1"
+        assert (_state(reserved), reserved.episodes) == (api.LEASE_RESERVED, 1), reserved
         wait_until(
             lambda: any(_state(p) == api.LEASE_FREE for p in _pool_pods(install, "recycled").values()),
             timeout=240,
@@ -269,6 +269,7 @@ def test_a_recycling_pool_gives_its_run_the_reset_pod_back_and_makes_no_pod_per_
         assert not episode["POST pods"], episode
         assert not episode["DELETE pods"], episode
         assert not episode["POST pods/binding"], episode
+        assert not episode["PATCH pods"], episode  # the leases and the reset are the ledger's
         # Another run never gets it: a pool's reserved Pods are their run's alone.
         with fleet.lease("recycled", labels={"run": "other"}) as other:
             assert other.lease.sandbox != pod

@@ -15,7 +15,7 @@ from typing import Any
 
 from sandfleet.core import api
 from sandfleet.core.leases import episodes_from_annotations, reservation_from_annotations
-from sandfleet.core.ledger import LedgerEntry, entry_from_json
+from sandfleet.core.ledger import LedgerEntry, entry_from_json, stored_entries
 from sandfleet.core.model import lease_episode
 from tests.integration.faults.kubeapi import KubeApi
 from tests.support.invariants import ObservedLease, PodTruth, Reservation
@@ -126,9 +126,7 @@ class PodRecorder:
             return
         now = time.time()
         name = str((ledger.get("metadata") or {}).get("name", ""))
-        raw = {
-            str(pod): str(value) for pod, value in ((ledger.get("spec") or {}).get("entries") or {}).items()
-        }
+        raw = stored_entries(ledger) or {}
         with self._lock:
             before = self._ledger_raw.get(name, {})
             self._ledger_raw[name] = raw

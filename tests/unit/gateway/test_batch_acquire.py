@@ -246,7 +246,7 @@ class LaggingReplica(MemoryBackend):
             seen = sandbox if key not in unseen else replace(sandbox, state=api.LEASE_FREE, lease=None)
             self.items.put(seen)
 
-    async def refresh_keyed(self, holder: str, idempotency_key: str) -> None:
+    async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:
         self.refreshed += 1
         for sandbox in self.truth.leased_with_key(holder, idempotency_key):
             self.items.put(sandbox)

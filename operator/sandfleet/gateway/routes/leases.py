@@ -45,7 +45,14 @@ def granted_result(granted: Granted) -> str:
     return "queued" if granted.position or granted.queue_seconds > 0.05 else "warm_hit"
 
 
-async def lease_request(body: AcquireRequest, who: Caller, shared: Parts) -> LeaseRequest:
+# Sent by a client on the first try of an idempotency key it made for the request (sandfleet.client):
+# no earlier attempt exists, so the gateway need not read back what one was answered with.
+FRESH_KEY_HEADER = "sandfleet-fresh-key"
+
+
+async def lease_request(
+    body: AcquireRequest, who: Caller, shared: Parts, fresh_key: bool = False
+) -> LeaseRequest:
     """What `who` asks for, once its pool exists and it may use the pool (and the run it labels)."""
     if body.pool is None and body.image is None:
         raise LeaseError("give a pool, an image, or both")
@@ -66,6 +73,7 @@ async def lease_request(body: AcquireRequest, who: Caller, shared: Parts) -> Lea
         policy_version=body.policy_version,
         wait_seconds=body.wait_seconds,
         min_count=body.min_count,
+        fresh_key=fresh_key,
     )
 
 
@@ -87,7 +95,8 @@ def acquire_response(granted: Granted, requested: int, total_seconds: float) -> 
 @router.post("/v1/leases", status_code=201)
 async def acquire(body: AcquireRequest, who: Authed, http: Request, shared: PartsDep) -> AcquireResponse:
     started = time.perf_counter()
-    request = await lease_request(body, who, shared)
+    fresh_key = http.headers.get(FRESH_KEY_HEADER) == "true"
+    request = await lease_request(body, who, shared, fresh_key)
     metrics = shared.metrics
     try:
         # A caller who hangs up leaves the queue, and whatever was claimed for it goes back.
