@@ -1,4 +1,4 @@
-"""Benchmark: leases through the gateway on the local cluster (burst, sustained, first exec, batch, CPU).
+"""Benchmark: leases through the gateway on the local cluster (burst, sustained, first exec, CPU).
 
 Prints progress, then one JSON object as its last line. Sandbox Pods are created the way the
 operator creates them (the operator's own fill rate is bench/pool_fill.py's business); their
@@ -6,7 +6,9 @@ readiness comes from kwok, and exec goes to a real agent on loopback.
 
     .venv/bin/python bench/gateway_leases.py            # full: 300-lease burst, 3,000 cycles
     .venv/bin/python bench/gateway_leases.py --short    # CI: 100-lease burst, 400 cycles
-    .venv/bin/python bench/gateway_leases.py --batch-only   # only the 300-sandbox batch acquires
+
+A step's batch of leases, and the lease ledger against leases written on each Pod, are
+bench/lease_batches.py's.
 """
 
 from __future__ import annotations
@@ -328,56 +330,10 @@ async def first_exec(url: str, rounds: int) -> tuple[list[float], list[float]]:
     return firsts, execs
 
 
-async def batch_acquires(url: str, size: int, rounds: int) -> tuple[list[float], list[float], list[float]]:
-    """`rounds` batch acquires of up to `size` (at least 1), one after another, each released after.
-
-    Returns each one's time at the gateway (its `timings.total_ms`: from the request's arrival to
-    the answer being built), of that its claims' (`claim_ms`: the Pod writes), and at the client
-    (the POST until its JSON is parsed), in ms.
-    """
-    at_gateway, claims, at_client = [], [], []
-    async with httpx.AsyncClient(
-        base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60,
-        limits=httpx.Limits(max_connections=32),
-    ) as client:  # fmt: skip
-        await client.get("/healthz")  # a connection open, as a trainer's would be
-        for _ in range(rounds):
-            # No run label: a run's first lease writes its owner (a ConfigMap), not the batch's cost.
-            body = {"pool": "bench", "count": size, "min_count": 1, "wait_seconds": 30}
-            started = time.perf_counter()
-            response = await client.post("/v1/leases", json=body)
-            granted = response.json()
-            at_client.append((time.perf_counter() - started) * 1000)
-            if response.status_code != 201 or granted["granted"] != size:
-                raise SystemExit(f"batch acquire failed: {response.status_code} {response.text[:500]}")
-            at_gateway.append(float(granted["timings"]["total_ms"]))
-            claims.append(float(granted["timings"]["claim_ms"]))
-            await asyncio.gather(*(client.delete(f"/v1/leases/{lease['id']}") for lease in granted["leases"]))
-    return at_gateway, claims, at_client
-
-
-def batch_figures(
-    at_gateway: list[float], claims: list[float], at_client: list[float], size: int
-) -> dict[str, object]:
-    return {
-        "batch_acquire_size": size,
-        "batch_acquire_rounds": len(at_client),
-        "batch_acquire_gateway_p50_ms": round(statistics.median(at_gateway), 2),
-        "batch_acquire_claim_p50_ms": round(statistics.median(claims), 2),
-        "batch_acquire_client_p50_ms": round(statistics.median(at_client), 2),
-        "batch_acquire_client_max_ms": round(max(at_client), 2),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="small sizes for CI")
-    parser.add_argument("--batch-only", action="store_true", help="only the batch acquires")
     args = parser.parse_args()
-    batch_size, batch_rounds = (100, 3) if args.short else (300, 5)
-    if args.batch_only:
-        print(json.dumps(batch_only(batch_size, batch_rounds)))
-        return
     burst_size, cycle_count, exec_rounds = (100, 400, 5) if args.short else (300, 3000, 20)
     # A SIGTERM (CI timeout, ^C from a wrapper) still runs the teardown below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -406,10 +362,6 @@ def main() -> None:
             # The exec sandboxes carry the loopback agent; only they are left warm by now.
             log(f"{exec_rounds} x (lease -> first exec), 20 execs each")
             firsts, execs = asyncio.run(first_exec(url, exec_rounds))
-            # After the rest: a batch takes the oldest warm Pods, the exec ones among them.
-            bench.add_sandboxes(batch_size * batch_rounds, "batch")
-            log(f"{batch_rounds} batch acquires of {batch_size}, one at a time")
-            at_gateway, claims, at_client = asyncio.run(batch_acquires(url, batch_size, batch_rounds))
         finally:
             bench.teardown()
     result = {
@@ -422,7 +374,6 @@ def main() -> None:
         "first_exec_from_warm_lease_p50_ms": round(statistics.median(firsts), 2),
         "exec_true_via_gateway_p50_ms": round(statistics.median(execs), 2),
         "exec_true_via_gateway_p99_ms": round(percentile(execs, 99), 2),
-        **batch_figures(at_gateway, claims, at_client, batch_size),
         "gateway_cpu_ms_per_lease": round(cpu_per_lease, 3),
         "apiserver_cpu_ms_per_lease": round(apiserver_cpu_per_lease, 3),
         "agent": "host process on loopback (not gVisor)",
@@ -432,33 +383,9 @@ def main() -> None:
             f"warm lease in a {burst_size} burst": thin(latencies),
             "first exec from a warm lease": thin(firsts),
             "exec true via the gateway": thin(execs),
-            f"batch acquire of {batch_size}, at the client": thin(at_client),
         },
     }
     print(json.dumps(result))
-
-
-def batch_only(size: int, rounds: int) -> dict[str, object]:
-    """The batch acquires alone, on a cluster of their own (sized for them)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with tempfile.TemporaryDirectory() as tmp:
-        # Room for them all: the regions' nodes hold 64 Pods each, and the Pods go round the 3 regions.
-        bench = Bench(Path(tmp), nodes=max(30, 3 * -(-size * rounds // (3 * 64)) + 3))
-        try:
-            bench.setup()
-            bench.add_sandboxes(size * rounds, "batch")
-            url, pid = bench.start_gateway()
-            log(f"{rounds} batch acquires of {size}, one at a time")
-            cpu_before = cpu_seconds(pid)
-            at_gateway, claims, at_client = asyncio.run(batch_acquires(url, size, rounds))
-            cpu = (cpu_seconds(pid) - cpu_before) / (size * rounds) * 1000
-        finally:
-            bench.teardown()
-    return {
-        **batch_figures(at_gateway, claims, at_client, size),
-        "gateway_cpu_ms_per_batched_lease": round(cpu, 3),  # acquire and release, per sandbox
-        "samples_ms": {f"batch acquire of {size}, at the client": thin(at_client)},
-    }
 
 
 if __name__ == "__main__":

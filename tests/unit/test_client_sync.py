@@ -9,7 +9,8 @@ import threading
 import httpx
 import pytest
 
-from sandfleet.client import AsyncFleet, Fleet, Lease, Sandbox, SandboxLost, Unavailable
+from sandfleet.client import FRESH_KEY_HEADER, AsyncFleet, Fleet, Lease, Sandbox, SandboxLost, Unavailable
+from sandfleet.gateway.routes.leases import FRESH_KEY_HEADER as GATEWAY_FRESH_KEY_HEADER
 
 LEASE = {"id": "l1", "pool": "python", "sandbox": "sb-1", "region": "us", "expires_at": 1.0, "labels": {}}
 
@@ -137,3 +138,20 @@ def test_a_batch_asks_for_its_range_and_releases_every_lease_it_got() -> None:
         assert sorted(gateway.seen[1:]) == [f"DELETE /v1/leases/l{i}" for i in range(3)]
         fleet.acquire("python", count=2)
         assert "min_count" not in bodies[-1]  # a group: all or nothing, as before
+
+
+def test_only_the_first_try_of_a_key_the_client_made_says_it_is_fresh() -> None:
+    """A key never sent before has no earlier attempt for the gateway to read back; a retry may."""
+    fresh: list[str | None] = []
+    gateway = Gateway(unavailable=1)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            fresh.append(request.headers.get(FRESH_KEY_HEADER))
+        return gateway.handle(request)
+
+    with Fleet("http://gateway", transport=httpx.MockTransport(handle)) as fleet:
+        fleet.acquire("python")  # a 503, then the retry
+        fleet.acquire("python", idempotency_key="episode-7")  # the caller's own key: maybe sent before
+    assert fresh == ["true", None, None]
+    assert GATEWAY_FRESH_KEY_HEADER == FRESH_KEY_HEADER  # the name the gateway reads

@@ -19,8 +19,6 @@ def test_gateway_leases_short() -> None:
     assert report["first_exec_from_warm_lease_p50_ms"] > 0
     assert report["gateway_cpu_ms_per_lease"] > 0
     assert report["apiserver_cpu_ms_per_lease"] > 0
-    assert (report["batch_acquire_size"], report["batch_acquire_rounds"]) == (100, 3)
-    assert 0 < report["batch_acquire_gateway_p50_ms"] <= report["batch_acquire_client_p50_ms"]
 
 
 def test_gateway_replicas_short() -> None:
@@ -46,3 +44,26 @@ def test_gateway_replicas_short() -> None:
             assert 0 < figures["lease_writes_per_lease"] < 0.5, figures
     assert report["burst_p50_ledger_over_pod"] > 0
     assert report["throughput_3_over_1_ledger"] > 0
+    assert report["burst_p50_ms_ledger_3_gateways"] == report["configs"]["ledger, 3 gateways"]["p50_ms"]
+
+
+def test_lease_batches_short() -> None:
+    """Batches from the ledger and from the Pod store, a big batch, and sustained recycled episodes."""
+    report = run_short("lease_batches.py", timeout=900)
+    assert (report["batch_size"], report["big_batch_size"]) == (100, 1024)
+    pod, ledger = report["batch_pod"], report["batch_ledger"]
+    for figures in (pod, ledger):
+        assert 0 < figures["gateway_p50_ms"] <= figures["client_p50_ms"] <= figures["client_max_ms"]
+    # Machine-independent: a claim and a release patch per sandbox on the Pod store; a few ledger
+    # writes for a whole batch (its claims, then its release) on the ledger.
+    assert pod["lease_writes_per_lease"] >= 2 - 1e-9
+    assert ledger["lease_writes_per_lease"] <= 0.1
+    assert report["batch_p50_ledger_over_pod"] < 1
+    assert report["big_batch_client_p50_s"] > 0
+    loop = report["sustained"]
+    assert loop["episodes"] > 0
+    assert loop["episodes_per_s"] > 0
+    # A recycling pool makes no Pod per episode: nothing but ledger writes (and the cluster's own
+    # heartbeats) while episodes run, and far fewer of them than episodes.
+    assert not {key for key in loop["writes"] if key.split()[1] == "pods"}, loop["writes"]
+    assert 0 < loop["lease_writes_per_episode"] <= loop["writes_per_episode"] < 0.5

@@ -11,10 +11,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.ledger import Claim, LedgerEntry, Release, Rewrite, stored_entries
+from sandfleet.core.ledger import (
+    UNREADABLE,
+    Claim,
+    LedgerEntry,
+    Release,
+    Rewrite,
+    ledger_object,
+    stored_entries,
+)
 from sandfleet.kube.client import KubeClient
 from sandfleet.kube.config import api_client, load_configuration
-from sandfleet.kube.ledger import LedgerBook
+from sandfleet.kube.ledger import LedgerBook, LedgerUnavailable
 from tests.support.kube import Kubectl
 
 pytestmark = pytest.mark.cluster
@@ -142,3 +150,20 @@ async def test_a_refresh_sees_another_writers_commits_before_its_watch_does(
     finally:
         await writer.stop()
         await reader.stop()
+
+
+async def test_a_ledger_nobody_can_read_holds_every_pod_and_is_never_overwritten(
+    kube: KubeClient, kubectl: Kubectl, namespace: str
+) -> None:
+    damaged = ledger_object(namespace, "04", {})
+    damaged["spec"]["entries"] = "not gzip, not base64"
+    kubectl.in_namespace(namespace).apply(damaged)
+    book = await started(kube, namespace)
+    try:
+        assert book.entry(namespace, "04", "sb") == UNREADABLE
+        with pytest.raises(LedgerUnavailable, match="cannot be read"):
+            await book.submit(namespace, "04", Claim("sb", 0, lease(namespace, "sb", "alice")))
+        stored = kubectl.json("-n", namespace, "get", api.LEDGER_PLURAL, "sandfleet-ledger-04")
+        assert stored["spec"]["entries"] == "not gzip, not base64"
+    finally:
+        await book.stop()

@@ -301,3 +301,15 @@ async def test_a_key_is_free_again_once_its_leases_have_ended() -> None:
     assert await service.release(first.leases[0][0].id, first.leases[0][0].holder)
     second = await service.acquire(request(count=2, idempotency_key="k1"))
     assert len(second.leases) == 2
+
+
+async def test_a_key_the_client_made_for_this_try_skips_the_read_back_and_a_retry_does_not() -> None:
+    """The client's first try of a key it made has no earlier attempt: nothing to read back."""
+    first = MemoryBackend()
+    warm(first, 4)
+    other = LaggingReplica(first, unseen=set())
+    service = LeaseService(other)
+    await service.acquire(replace(request(idempotency_key="fresh-1"), fresh_key=True))
+    assert other.refreshed == 0
+    await service.acquire(request(idempotency_key="given-by-the-caller"))
+    assert other.refreshed == 1  # a key the caller chose, or a retry: always read back
