@@ -520,6 +520,42 @@ def write_plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
                 marks={"target without recycling (1.5)": 1.5, "target with recycling (0.2)": 0.2},
             ),
         )
+    replica_runs = benchmarks.get("gateway_replicas", {}).get("runs", [])
+    if replica_runs and replica_runs[-1].get("configs"):
+        run = replica_runs[-1]
+        save(
+            "lease-store-burst.svg",
+            f"A burst of {run['burst_size']} concurrent single acquires, the lease ledger against the Pod "
+            f"store (before), through 1 and 3 gateways on one cluster, same run (median of "
+            f"{run.get('repeats', 1)} rounds)",
+            plots.bars_figure(
+                f"{run['burst_size']}-lease burst: p50 at the client",
+                {name: config["p50_ms"] for name, config in run["configs"].items()},
+                "p50 latency (ms)",
+                marks={"target, 3 gateways (1,000 ms)": 1000},
+            ),
+        )
+    batch_runs = benchmarks.get("lease_batches", {}).get("runs", [])
+    if batch_runs and batch_runs[-1].get("batch_pod"):
+        run = batch_runs[-1]
+        writes = {
+            f"batch of {run['batch_size']}, {store} store: acquire + release, per lease": run[f"batch_{store}"][
+                "lease_writes_per_lease"
+            ]
+            for store in ("pod", "ledger")
+        }
+        writes["recycling loop (ledger): every write, per episode"] = run["sustained_writes_per_episode"]
+        save(
+            "lease-store-writes.svg",
+            "Apiserver writes per lease: the Pod store (one conditional patch per claim and per release) "
+            "against the lease ledger (one patch per shard per batch), and the sustained recycling loop",
+            plots.bars_figure(
+                "apiserver writes per lease or episode",
+                writes,
+                "writes (the apiserver's apiserver_request_total)",
+                marks={"target with recycling (0.2)": 0.2},
+            ),
+        )
     rl_runs = benchmarks.get("rl_loop", {}).get("runs", [])
     if rl_runs and rl_runs[-1].get("profile"):
         write_profile_plot(rl_runs[-1]["profile"], out / "loop-profile.svg")

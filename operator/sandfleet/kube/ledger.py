@@ -68,7 +68,6 @@ class _Shard:
     # Its stored entries could not be read (damage, or a writer of another encoding): every Pod of
     # the shard reads as held, and nothing is written over it.
     unreadable: bool = False
-    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
