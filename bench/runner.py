@@ -538,8 +538,9 @@ def write_plots(results: dict[str, Any], out: Path) -> list[tuple[str, str]]:
     batch_runs = benchmarks.get("lease_batches", {}).get("runs", [])
     if batch_runs and batch_runs[-1].get("batch_pod"):
         run = batch_runs[-1]
+        size = run["batch_size"]
         writes = {
-            f"batch of {run['batch_size']}, {store} store: acquire + release, per lease": run[f"batch_{store}"][
+            f"batch of {size}, {store} store: acquire + release, per lease": run[f"batch_{store}"][
                 "lease_writes_per_lease"
             ]
             for store in ("pod", "ledger")
