@@ -136,6 +136,9 @@ def fleet_watches(open_now: RequestCounts) -> dict[str, int]:
     }
 
 
+RELEASE_ATTEMPTS = 6
+
+
 async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> dict[str, Any]:
     """`clients` concurrent callers, each leasing then releasing `rounds` times; what they saw."""
     latencies: list[float] = []
@@ -172,14 +175,25 @@ async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> 
                 await asyncio.sleep(0)  # let others run while this one "holds" the sandbox
                 held.discard(lease_id)
                 started = time.perf_counter()
-                try:
-                    released = await client.delete(f"/v1/leases/{lease_id}")
-                except httpx.HTTPError as error:
-                    errors[f"release {type(error).__name__}"] += 1
-                    continue
-                release_latencies.append((time.perf_counter() - started) * 1000)
-                if released.status_code not in (200, 204):
-                    errors[f"release {released.status_code}"] += 1
+                # As sandfleet.client does: a release is idempotent, so one that failed is retried
+                # (each failure is still counted in `errors`; `releases_given_up` are never retried
+                # to success).
+                for attempt in range(RELEASE_ATTEMPTS):
+                    try:
+                        released = await client.delete(f"/v1/leases/{lease_id}")
+                    except httpx.HTTPError as error:
+                        errors[f"release {type(error).__name__}"] += 1
+                    else:
+                        if released.status_code in (200, 204):
+                            release_latencies.append((time.perf_counter() - started) * 1000)
+                            break
+                        errors[f"release {released.status_code}"] += 1
+                        if released.status_code not in (408, 429, 503):
+                            errors["releases_given_up"] += 1
+                            break
+                    await asyncio.sleep(min(2**attempt, 10))
+                else:
+                    errors["releases_given_up"] += 1
 
         started = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
