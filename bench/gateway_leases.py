@@ -200,12 +200,13 @@ class Bench:
         path.write_text(secrets.token_hex(32) + "\n")
         return path
 
-    def start_gateway(self, *extra_args: str) -> tuple[str, int]:
+    def start_gateway(self, *extra_args: str, settings: dict[str, str] | None = None) -> tuple[str, int]:
+        """A gateway process; `settings` are SANDFLEET_GATEWAY_* variables for it alone."""
         tokens = self.workdir / "tokens"
         tokens.write_text(f"{TOKEN} bench\n")
         port = free_port()
         log_path = self.workdir / f"gateway-{port}.log"
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), **(settings or {}))
         argv = [
             sys.executable, "-m", "sandfleet.cli", "gateway", "--host", "127.0.0.1",
             "--port", str(port), "--namespace", self.namespace, "--auth", "static",

@@ -217,8 +217,8 @@ def main() -> None:
             bench.add_sandboxes(big * big_rounds, "big", pool_size=big * big_rounds, pool=api.STORE_LEDGER)
             bench.add_sandboxes(workers * step, "rec", port=agent_port, pool=RECYCLING)
             # One tenant asks for a whole step's batch: above the default per-tenant quota (2,000).
-            os.environ["SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT"] = str(2 * big + workers * step + 2 * size)
-            url, pid = bench.start_gateway()
+            quota = 2 * big + workers * step + 2 * size
+            url, pid = bench.start_gateway(settings={"SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT": str(quota)})
             apiserver = bench.cluster.daemons()[1].pid()
             assert apiserver is not None
             cpu = Cpu({"gateway": pid, "apiserver": apiserver})

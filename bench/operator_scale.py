@@ -175,9 +175,8 @@ async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> 
                 await asyncio.sleep(0)  # let others run while this one "holds" the sandbox
                 held.discard(lease_id)
                 started = time.perf_counter()
-                # As sandfleet.client does: a release is idempotent, so one that failed is retried
-                # (each failure is still counted in `errors`; `releases_given_up` are never retried
-                # to success).
+                # As sandfleet.client does: a release is idempotent, so one that failed is retried.
+                # Every failed try is counted in `errors`; `releases_given_up` never succeeded.
                 for attempt in range(RELEASE_ATTEMPTS):
                     try:
                         released = await client.delete(f"/v1/leases/{lease_id}")
@@ -191,7 +190,8 @@ async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> 
                         if released.status_code not in (408, 429, 503):
                             errors["releases_given_up"] += 1
                             break
-                    await asyncio.sleep(min(2**attempt, 10))
+                    if attempt + 1 < RELEASE_ATTEMPTS:
+                        await asyncio.sleep(min(2**attempt, 10))
                 else:
                     errors["releases_given_up"] += 1
 
