@@ -112,7 +112,11 @@ def entry_to_json(entry: LedgerEntry) -> str:
     if entry.reserved_for is not None:
         holder, run = entry.reserved_for
         data["reserved"] = {"holder": holder, "run": run, "since": entry.reserved_since}
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return _ENTRY_ENCODER.encode(data)
+
+
+# One encoder for every entry: json.dumps with options builds a new one per call.
+_ENTRY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 
 
 def entry_from_json(raw: object) -> LedgerEntry | None:

@@ -117,6 +117,9 @@ def create_app(runtime: Runtime) -> FastAPI:
         description="Episode leases on gVisor sandboxes, and their data plane.",
         lifespan=lifespan,
         responses=ERRORS,
+        # Metrics are Prometheus's (gateway.metrics); FastAPI's OpenTelemetry hooks, left on, look the
+        # providers up in the environment on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.runtime = runtime
     app.state.parts = shared

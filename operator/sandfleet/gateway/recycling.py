@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client import Counter, Histogram
+from yarl import URL
 
 from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import SandboxPod
@@ -81,12 +82,15 @@ class AgentResets:
         url = sandbox.agent_url()
         if url is None:
             return ResetResult(("the Pod has no address",), 0.0)
-        headers = {}
+        headers = {"content-type": "application/json"}
         if self.agent_key is not None:
             headers["authorization"] = f"Bearer {agent_token(self.agent_key, sandbox.name)}"
+        # A URL built already (nothing to quote in an address and a fixed path) and a body encoded
+        # already: aiohttp's URL parsing and JSON payload were a fifth of a reset's CPU.
+        target = URL(f"{url}/v1/reset", encoded=True)
         try:
             async with self._client().post(
-                f"{url}/v1/reset", json={"episode": episode}, headers=headers
+                target, data=b'{"episode":%d}' % episode, headers=headers
             ) as answer:
                 status, body = answer.status, _json(await answer.read())
         except (aiohttp.ClientError, TimeoutError) as error:

@@ -13,6 +13,8 @@ from sandfleet.kube.errors import KubeConfigError
 __all__ = ["ApiClient", "Configuration", "api_client", "kubeconfig_paths", "load_configuration"]
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
+# What aiohttp's trust_env reads: with none of these set, trusting the environment finds nothing.
+ENVIRONMENT_PROXY_VARIABLES = ("http_proxy", "https_proxy", "ws_proxy", "wss_proxy", "all_proxy", "netrc")
 
 
 def kubeconfig_paths(environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -47,4 +49,15 @@ async def load_configuration() -> Configuration:
 def api_client(configuration: Configuration, pool_size: int) -> ApiClient:
     """An ApiClient over `configuration` with `pool_size` connections (callers issue many at once)."""
     configuration.connection_pool_maxsize = pool_size
-    return ApiClient(configuration)
+    made = ApiClient(configuration)
+    if not uses_environment_proxies(os.environ):
+        # kubernetes_asyncio's session trusts the environment, so every request looks up the proxy
+        # variables and ~/.netrc in a worker thread: two thread hops per apiserver call, for nothing.
+        # A kubeconfig's proxy-url still applies (it is passed per request, not read from the environment).
+        made.rest_client.pool_manager._trust_env = False
+    return made
+
+
+def uses_environment_proxies(environ: Mapping[str, str]) -> bool:
+    """Whether the environment names a proxy or a netrc file (aiohttp's trust_env would use them)."""
+    return any(name.lower() in ENVIRONMENT_PROXY_VARIABLES for name, value in environ.items() if value)

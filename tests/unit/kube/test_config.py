@@ -10,7 +10,13 @@ from typer.testing import CliRunner
 
 from sandfleet.cli import app
 from sandfleet.core.agent_tokens import new_fleet_key
-from sandfleet.kube.config import kubeconfig_paths, load_configuration
+from sandfleet.kube.config import (
+    Configuration,
+    api_client,
+    kubeconfig_paths,
+    load_configuration,
+    uses_environment_proxies,
+)
 from sandfleet.kube.errors import KubeConfigError
 
 KUBECONFIG = """
@@ -31,6 +37,41 @@ def nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
     return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("environ", "uses"),
+    [
+        ({}, False),
+        ({"KUBECONFIG": "/k", "HOME": "/root"}, False),
+        ({"HTTPS_PROXY": "http://proxy:3128"}, True),
+        ({"https_proxy": "http://proxy:3128"}, True),
+        ({"ALL_PROXY": "socks5://proxy"}, True),
+        ({"NETRC": "/root/.netrc"}, True),
+        ({"HTTPS_PROXY": ""}, False),  # set but empty: aiohttp ignores it too
+    ],
+)
+def test_environment_proxies_are_told_apart(environ: dict[str, str], uses: bool) -> None:
+    assert uses_environment_proxies(environ) is uses
+
+
+@pytest.mark.parametrize(("proxy", "trusted"), [(None, False), ("http://proxy:3128", True)])
+def test_the_client_trusts_the_environment_only_when_it_names_a_proxy(
+    monkeypatch: pytest.MonkeyPatch, proxy: str | None, trusted: bool
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NETRC", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if proxy is not None:
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+
+    async def made() -> bool:
+        client = api_client(Configuration(), pool_size=4)
+        try:
+            return bool(client.rest_client.pool_manager.trust_env)
+        finally:
+            await client.close()
+
+    assert asyncio.run(made()) is trusted
 
 
 def test_kubeconfig_paths_keep_only_files_that_exist(tmp_path: Path) -> None:
