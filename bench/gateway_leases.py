@@ -7,6 +7,9 @@ readiness comes from kwok, and exec goes to a real agent on loopback.
     .venv/bin/python bench/gateway_leases.py            # full: 300-lease burst, 3,000 cycles
     .venv/bin/python bench/gateway_leases.py --short    # CI: 100-lease burst, 400 cycles
 
+The burst comes from three processes of the lean client (bench/rawhttp.py), each acquire with its
+own idempotency key as sandfleet.client sends them; the rest is httpx, one request at a time or 32.
+
 A step's batch of leases, and the lease ledger against leases written on each Pod, are
 bench/lease_batches.py's.
 """
@@ -33,6 +36,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
+
+import rawhttp  # noqa: E402
 
 from localcluster import build  # noqa: E402
 from localcluster.cluster import POD_CIDR, LocalCluster, Ports, Topology  # noqa: E402
@@ -254,27 +259,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def burst(url: str, count: int) -> list[float]:
-    """`count` acquires fired at once; each one's client-side latency in ms."""
-    async with httpx.AsyncClient(
-        base_url=url,
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=60,
-        limits=httpx.Limits(max_connections=count, max_keepalive_connections=count),
-    ) as client:
-        await asyncio.gather(*(client.get("/healthz") for _ in range(min(count, 100))))  # open connections
-
-        async def one() -> float:
-            started = time.perf_counter()
-            response = await client.post("/v1/leases", json={"pool": "bench", "wait_seconds": 30})
-            elapsed = (time.perf_counter() - started) * 1000
-            if response.status_code != 201:
-                raise SystemExit(f"acquire failed: {response.status_code} {response.text}")
-            return elapsed
-
-        return list(await asyncio.gather(*(one() for _ in range(count))))
-
-
 async def sequential(url: str, count: int) -> list[float]:
     """`count` acquires one after another (nothing queued): the latency floor of a warm lease, ms."""
     async with httpx.AsyncClient(
@@ -363,7 +347,9 @@ def main() -> None:
             apiserver = bench.cluster.daemons()[1].pid()
             assert apiserver is not None
             cpu_before = cpu_seconds(pid), cpu_seconds(apiserver)
-            latencies = asyncio.run(burst(url, burst_size))
+            # Three processes of the lean client: one httpx process spends more CPU than the gateway.
+            fired = rawhttp.burst([url], TOKEN, burst_size, run="burst")
+            latencies = fired["latencies"]
             cpu_per_lease = (cpu_seconds(pid) - cpu_before[0]) / burst_size * 1000
             apiserver_cpu_per_lease = (cpu_seconds(apiserver) - cpu_before[1]) / burst_size * 1000
             log(f"{cycle_count} lease+release cycles, 32 at a time")
@@ -385,6 +371,7 @@ def main() -> None:
         "exec_true_via_gateway_p99_ms": round(percentile(execs, 99), 2),
         "gateway_cpu_ms_per_lease": round(cpu_per_lease, 3),
         "apiserver_cpu_ms_per_lease": round(apiserver_cpu_per_lease, 3),
+        "load_generator_cpu_ms_per_lease": round(fired["client_cpu_s"] / burst_size * 1000, 3),
         "agent": "host process on loopback (not gVisor)",
         # Raw distributions (ms, sorted, thinned) for the report's plots.
         "samples_ms": {

@@ -19,11 +19,8 @@ last line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import os
-import resource
 import signal
 import statistics
 import sys
@@ -37,15 +34,12 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rawhttp
 from gateway_leases import TOKEN, Bench, cpu_seconds, percentile
-from rawhttp import connections
 
-from sandfleet.client import FRESH_KEY_HEADER
 from sandfleet.core import api
 from sandfleet.core.ledger import PODS_PER_SHARD
 
-CLIENT_PROCESSES = 3
-FRESH = {FRESH_KEY_HEADER: "true"}
 # name -> (lease store, gateway replicas)
 CONFIGS = {
     "pod store, 1 gateway": (api.STORE_POD, 1),
@@ -84,90 +78,6 @@ def replicas_seen(url: str) -> float:
     return 0.0
 
 
-def cpu_now() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def client_process(url: str, count: int, start_at: float, run: str, out: Any) -> None:
-    """`count` concurrent acquires at one gateway, fired at `start_at`.
-
-    Puts (latencies ms, when each ended, when the first was sent, CPU seconds of the acquires alone,
-    the gateway's url).
-    """
-    cpu = [0.0]
-    first_sent = [0.0]
-
-    async def acquire_all() -> tuple[list[float], list[float]]:
-        pool = await connections(url, TOKEN, count)  # open before the burst, as a trainer's would be
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-        cpu[0], first_sent[0] = cpu_now(), time.time()
-
-        async def one(index: int) -> tuple[float, float]:
-            started = time.perf_counter()
-            body = {
-                "pool": "bench",
-                "wait_seconds": 60,
-                "labels": {"run": run},
-                "idempotency_key": f"{run}-{os.getpid()}-{index}",
-            }
-            # As sandfleet.client sends a key it made itself: the first try says it is new.
-            status, answer = await pool[index].request("POST", "/v1/leases", body, FRESH)
-            if status != 201:
-                raise RuntimeError(f"acquire failed: {status} {answer}")
-            return (time.perf_counter() - started) * 1000, time.time()
-
-        done = await asyncio.gather(*(one(i) for i in range(count)))
-        cpu[0] = cpu_now() - cpu[0]
-        await asyncio.gather(*(connection.close() for connection in pool))
-        return [d[0] for d in done], [d[1] for d in done]
-
-    try:
-        latencies, ends = asyncio.run(acquire_all())
-    except Exception as error:  # the parent says what went wrong instead of waiting for a result
-        out.put(f"{url}: {error!r}")
-        return
-    out.put((latencies, ends, first_sent[0], cpu[0], url))
-
-
-def one_burst(urls: list[str], size: int, run: str) -> dict[str, Any]:
-    """`size` acquires spread evenly over `urls` by CLIENT_PROCESSES client processes.
-
-    The same number whatever the replicas, so the load generator's own parallelism is not what differs.
-    """
-    start_at = time.time() + 3.0  # every client has connected by then (else it starts late, measured)
-    queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
-    shares = [size // CLIENT_PROCESSES + (i < size % CLIENT_PROCESSES) for i in range(CLIENT_PROCESSES)]
-    clients = [
-        multiprocessing.Process(
-            target=client_process, args=(urls[i % len(urls)], share, start_at, run, queue)
-        )
-        for i, share in enumerate(shares)
-    ]
-    for client in clients:
-        client.start()
-    results = [queue.get(timeout=300) for _ in clients]
-    for client in clients:
-        client.join(timeout=30)
-    failures = [result for result in results if isinstance(result, str)]
-    if failures:
-        raise SystemExit("; ".join(failures))
-    latencies = [ms for result in results for ms in result[0]]
-    # results arrive in any order; each client's url is its replica (urls[i % len(urls)])
-    by_replica: dict[str, list[float]] = {}
-    for result in results:
-        by_replica.setdefault(result[4], []).extend(result[0])
-    replica_p50s = [statistics.median(ms) for ms in by_replica.values()]
-    wall = max(end for result in results for end in result[1]) - min(result[2] for result in results)
-    return {
-        "latencies": latencies,
-        "leases_per_s": size / wall,
-        "client_cpu_s": sum(result[3] for result in results),
-        "late_start_s": max(result[2] for result in results) - start_at,
-        "replica_p50_spread": max(replica_p50s) / min(replica_p50s),
-    }
-
-
 def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round_: int) -> dict[str, Any]:
     prefix = f"r{round_}-{'abcd'[list(CONFIGS).index(name)]}"
     # Sharded as a pool of at least three shards' size: each of 3 replicas has a shard of its own.
@@ -188,7 +98,7 @@ def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round
     writes_before = lease_writes(bench)
     log(f"{name}: burst of {size} acquires")
     run = f"bench-{prefix}-{uuid.uuid4().hex[:4]}"  # released together afterwards
-    burst = one_burst(urls, size, run)
+    burst = rawhttp.burst(urls, TOKEN, size, run)
     writes_after = lease_writes(bench)
     gateway_cpu = sum(cpu_seconds(pid) for pid in pids) - sum(cpu_before[0])
     apiserver_cpu = cpu_seconds(apiserver) - cpu_before[1]

@@ -1,5 +1,7 @@
 """A lean HTTP/1.1 client for load generation: requests written as bytes over keep-alive connections.
 
+`burst` fires concurrent single acquires from several processes of it (the benchmarks' burst).
+
 httpx spends about 10-20 ms of CPU per request in a burst on this machine (FIELD-NOTES), as much
 as the gateway it loads, so a benchmark driven by it measures its own client. This one writes the
 request's bytes and reads a Content-Length body, nothing else (about a tenth of the CPU); the
@@ -10,7 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
+import resource
+import statistics
+import time
 from typing import Any
+
+from sandfleet.client import FRESH_KEY_HEADER
+
+CLIENT_PROCESSES = 3
+# As sandfleet.client sends a key it made itself: the first try says it is new.
+FRESH = {FRESH_KEY_HEADER: "true"}
 
 
 class Connection:
@@ -62,3 +75,87 @@ async def connections(url: str, token: str, count: int) -> list[Connection]:
     """`count` open connections to `url` (http://host:port)."""
     host, _, port = url.removeprefix("http://").partition(":")
     return list(await asyncio.gather(*(Connection(host, int(port), token).open() for _ in range(count))))
+
+
+def cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def burst_process(url: str, token: str, pool: str, count: int, start_at: float, run: str, out: Any) -> None:
+    """`count` concurrent acquires from `pool` at one gateway, fired at `start_at`.
+
+    Puts (latencies ms, when each ended, when the first was sent, CPU seconds of the acquires alone,
+    the gateway's url).
+    """
+    cpu = [0.0]
+    first_sent = [0.0]
+
+    async def acquire_all() -> tuple[list[float], list[float]]:
+        pool_of = await connections(url, token, count)  # open before the burst, as a trainer's would be
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        cpu[0], first_sent[0] = cpu_now(), time.time()
+
+        async def one(index: int) -> tuple[float, float]:
+            started = time.perf_counter()
+            body = {
+                "pool": pool,
+                "wait_seconds": 60,
+                "labels": {"run": run},
+                "idempotency_key": f"{run}-{os.getpid()}-{index}",
+            }
+            status, answer = await pool_of[index].request("POST", "/v1/leases", body, FRESH)
+            if status != 201:
+                raise RuntimeError(f"acquire failed: {status} {answer}")
+            return (time.perf_counter() - started) * 1000, time.time()
+
+        done = await asyncio.gather(*(one(i) for i in range(count)))
+        cpu[0] = cpu_now() - cpu[0]
+        await asyncio.gather(*(connection.close() for connection in pool_of))
+        return [d[0] for d in done], [d[1] for d in done]
+
+    try:
+        latencies, ends = asyncio.run(acquire_all())
+    except Exception as error:  # the parent says what went wrong instead of waiting for a result
+        out.put(f"{url}: {error!r}")
+        return
+    out.put((latencies, ends, first_sent[0], cpu[0], url))
+
+
+def burst(urls: list[str], token: str, size: int, run: str, pool: str = "bench") -> dict[str, Any]:
+    """`size` acquires spread evenly over `urls` by CLIENT_PROCESSES client processes.
+
+    The same number whatever the replicas, so the load generator's own parallelism is not what
+    differs. Raises SystemExit naming the failures when any acquire fails.
+    """
+    start_at = time.time() + 3.0  # every client has connected by then (else it starts late, measured)
+    queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
+    shares = [size // CLIENT_PROCESSES + (i < size % CLIENT_PROCESSES) for i in range(CLIENT_PROCESSES)]
+    clients = [
+        multiprocessing.Process(
+            target=burst_process, args=(urls[i % len(urls)], token, pool, share, start_at, run, queue)
+        )
+        for i, share in enumerate(shares)
+    ]
+    for client in clients:
+        client.start()
+    results = [queue.get(timeout=300) for _ in clients]
+    for client in clients:
+        client.join(timeout=30)
+    failures = [result for result in results if isinstance(result, str)]
+    if failures:
+        raise SystemExit("; ".join(failures))
+    latencies = [ms for result in results for ms in result[0]]
+    # results arrive in any order; each client's url is its replica (urls[i % len(urls)])
+    by_replica: dict[str, list[float]] = {}
+    for result in results:
+        by_replica.setdefault(result[4], []).extend(result[0])
+    replica_p50s = [statistics.median(ms) for ms in by_replica.values()]
+    wall = max(end for result in results for end in result[1]) - min(result[2] for result in results)
+    return {
+        "latencies": latencies,
+        "leases_per_s": size / wall,
+        "client_cpu_s": sum(result[3] for result in results),
+        "late_start_s": max(result[2] for result in results) - start_at,
+        "replica_p50_spread": max(replica_p50s) / min(replica_p50s),
+    }

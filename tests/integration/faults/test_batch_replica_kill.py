@@ -6,12 +6,13 @@ SANDFLEET_FAULT_BATCH_SIZE=N for another size), one operator and 3 gateway repli
 idempotency key, and retry the same request at another replica on a 503 or a broken connection.
 Once the Pods show claims under their keys, either the replica serving two of them is SIGKILLed,
 or the apiserver stops for OUTAGE_SECONDS (SIZE/2 sandboxes: claims in flight at the stop may be
-written with their answers lost). The Pods are the truth (there is no ledger yet): every caller
-holds at least its minimum or got the documented 504, no Pod is held by two callers, every leased
-Pod is held by a caller who knows it or is a claim made before the cut that no caller received
-(docs/gateway.md: a claim in flight when its replica died, or whose answer the outage lost),
-bounded by what it was claiming, expiring at its TTL and reaped; a caller asked once more with its
-key gets the same leases; then the invariants over the whole run.
+written with their answers lost). The cluster's record (the Pods and their shards' ledgers, read
+by the harness's own watches) is the truth: every caller holds at least its minimum or got the
+documented 504, no Pod is held by two callers, every leased Pod is held by a caller who knows it
+or is a claim made before the cut that no caller received (docs/gateway.md: a claim in flight
+when its replica died, or whose answer the outage lost), bounded by what it was claiming, expiring
+at its TTL and reaped; a caller asked once more with its key gets the same leases; then the
+invariants over the whole run.
 
 The sandboxes have no agent (readiness.py): a thousand agent processes do not fit on the small
 machines this runs on, and the test never touches the data plane.

@@ -19,6 +19,7 @@ def test_gateway_leases_short() -> None:
     assert report["first_exec_from_warm_lease_p50_ms"] > 0
     assert report["gateway_cpu_ms_per_lease"] > 0
     assert report["apiserver_cpu_ms_per_lease"] > 0
+    assert report["load_generator_cpu_ms_per_lease"] > 0
 
 
 def test_gateway_replicas_short() -> None:
