@@ -4,7 +4,8 @@ A fleet of its own in the fault cluster: a pool of SIZE warm sandboxes (1,000 by
 SANDFLEET_FAULT_BATCH_SIZE=N for another size), one operator and 3 gateway replicas. Four callers
 (tenants of their own) each ask one replica for a batch of SIZE/4 with a minimum and an
 idempotency key, and retry the same request at another replica on a 503 or a broken connection.
-Once the Pods show claims under their keys, either the replica serving two of them is SIGKILLed,
+Once the Pods show claims under their keys, either the replica serving two of them is SIGKILLed
+(the other two ask first, for more, so the victim's batches wait for refills with claims made),
 or the apiserver stops for OUTAGE_SECONDS (SIZE/2 sandboxes: claims in flight at the stop may be
 written with their answers lost). The cluster's record (the Pods and their shards' ledgers, read
 by the harness's own watches) is the truth: every caller holds at least its minimum or got the
@@ -26,7 +27,7 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -336,10 +337,20 @@ async def _stop_apiserver_mid_batch(fleet: BatchFleet, callers: list[Caller]) ->
     raise AssertionError(f"the callers never had {KILL_AFTER} claims on the Pods\n{_logs(fleet)}")
 
 
-async def _batches(fleet: BatchFleet, callers: list[Caller], disrupt: Callable[[], Awaitable[T]]) -> T:
-    """Every caller's batch, with `disrupt` running beside them; what `disrupt` returned."""
+async def _batches(
+    fleet: BatchFleet,
+    callers: list[Caller],
+    disrupt: Callable[[], Awaitable[T]],
+    first: Sequence[Caller] = (),
+) -> T:
+    """Every caller's batch, with `disrupt` running beside them; what `disrupt` returned.
+
+    The callers in `first` are answered before the others ask (and before `disrupt` starts).
+    """
+    ahead = {c.index for c in first}
+    await asyncio.gather(*(_ask(fleet, c) for c in first))
     disruption = asyncio.ensure_future(disrupt())
-    await asyncio.gather(*(_ask(fleet, c) for c in callers))
+    await asyncio.gather(*(_ask(fleet, c) for c in callers if c.index not in ahead))
     return await disruption
 
 
@@ -520,8 +531,17 @@ def test_kill_9_of_a_replica_mid_batch_every_caller_gets_its_leases_or_a_clear_e
     started = time.time()
     victim = 0
     callers = [Caller(i, fleet.tokens[i], i % len(fleet.gateways)) for i in range(CALLERS)]
+    # The others go first and leave fewer warm sandboxes than one of the victim's batches asks for,
+    # so its claims are on record while it waits for refills and the kill lands mid-batch. (Served
+    # from warm at once, a batch is one group commit and its answer beats the harness's watch.)
+    others = [c for c in callers if c.first != victim]
+    for caller in others:
+        caller.count = (SIZE - COUNT // 2) // len(others)
+    for caller in callers:
+        if caller.first == victim:  # what refills bring within the wait can satisfy a retry
+            caller.min_count = COUNT // 5
     killed_at, claimed_at_kill = asyncio.run(
-        _batches(fleet, callers, lambda: _kill_mid_batch(fleet, victim, callers))
+        _batches(fleet, callers, lambda: _kill_mid_batch(fleet, victim, callers), first=others)
     )
     batch_seconds = time.time() - started
     victims = [c for c in callers if c.first == victim]
