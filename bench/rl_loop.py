@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,14 @@ from localbench import log
 
 REPO = Path(__file__).resolve().parents[1]
 SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
-PORT = 18093  # its own, below the ephemeral range: the demo's 8090 may be in use
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the fixed 18093 it had is also a gateway port of the fault suite)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def main() -> None:
@@ -35,7 +43,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args()
     seconds = args.seconds or (20.0 if args.short else 120.0)
-    url = f"http://127.0.0.1:{PORT}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "SANDFLEET_URL": url}
     run = f"bench-{int(time.time())}"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -44,18 +53,20 @@ def main() -> None:
         log("rl", "starting the embedded gateway with the task image (built on first use)")
         with server_log.open("wb") as out:
             server = subprocess.Popen(
-                [str(SANDFLEET), "serve", "--local", "--tasks", "--port", str(PORT), "--warm", "6",
+                [str(SANDFLEET), "serve", "--local", "--tasks", "--port", str(port), "--warm", "6",
                  "--policy-file", str(Path(tmp) / "policies.json")],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
             )  # fmt: skip
         try:
             deadline = time.monotonic() + 1200  # the first run builds runsc and two images
             while True:
+                # Ready, and still ours: a server that died on a taken port leaves another one answering.
                 try:
-                    if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                        break
+                    ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
                 except httpx.TransportError:
-                    pass
+                    ready = False
+                if ready and server.poll() is None:
+                    break
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(
                         "serve did not get ready:\n" + server_log.read_text(errors="replace")[-3000:]

@@ -51,6 +51,8 @@ class Stub:
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            return  # stopping with connections open: nothing to report (a traceback per connection)
         finally:
             writer.close()
 
