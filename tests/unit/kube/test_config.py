@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 from sandfleet.cli import app
 from sandfleet.core.agent_tokens import new_fleet_key
 from sandfleet.kube.config import (
+    ENVIRONMENT_PROXY_VARIABLES,
     Configuration,
     api_client,
     kubeconfig_paths,
@@ -59,8 +61,8 @@ def test_environment_proxies_are_told_apart(environ: dict[str, str], uses: bool)
 def test_the_client_trusts_the_environment_only_when_it_names_a_proxy(
     monkeypatch: pytest.MonkeyPatch, proxy: str | None, trusted: bool
 ) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NETRC", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.lower() in ENVIRONMENT_PROXY_VARIABLES]:
+        monkeypatch.delenv(name)
     if proxy is not None:
         monkeypatch.setenv("HTTPS_PROXY", proxy)
 
