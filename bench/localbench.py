@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import statistics
 import subprocess
 import sys
@@ -12,6 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
 from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc  # noqa: E402
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def log(name: str, message: str) -> None:

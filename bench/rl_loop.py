@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,18 +22,10 @@ import time
 from pathlib import Path
 
 import httpx
-from localbench import log
+from localbench import free_port, log
 
 REPO = Path(__file__).resolve().parents[1]
 SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the fixed 18093 it had is also a gateway port of the fault suite)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def main() -> None:
@@ -43,7 +34,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args()
     seconds = args.seconds or (20.0 if args.short else 120.0)
-    port = free_port()
+    port = free_port()  # not a fixed one: 18093, which it had, is also a fault-suite gateway port
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "SANDFLEET_URL": url}
     run = f"bench-{int(time.time())}"
