@@ -5,10 +5,9 @@ PY := $(VENV)/bin/python
 
 .PHONY: test demo bootstrap lint unit cluster-up cluster-down
 
-# The README's test command: bootstrap (and harbor's Python 3.12 environment), build the binaries and
-# images (hack/build-all), lint, then every test.
+# The README's test command: bootstrap, build the binaries, images and harbor's Python 3.12
+# environment (hack/build-all), lint, then every test.
 test: bootstrap
-	hack/harbor-env
 	hack/build-all
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest tests --durations=25

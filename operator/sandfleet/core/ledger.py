@@ -23,7 +23,7 @@ import base64
 import gzip
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -41,6 +41,11 @@ PODS_PER_SHARD: Final = 128
 # compressed blob (encode_entries), so a claim that would add one more is refused (the lease
 # service tries another shard's sandbox).
 MAX_ENTRIES: Final = 5_000
+# How long a deleted Pod's entry is kept (as held) after a writer saw the Pod go. Every writer
+# reads Pods and ledgers through two watches that may lag each other: a Pod without an entry
+# reads as free, so had the entry gone at once, a writer whose Pod watch has not shown the
+# deletion yet would lease a Pod that no longer exists.
+TOMBSTONE_SECONDS: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -356,10 +361,14 @@ def decide(
     entries: Mapping[str, LedgerEntry],
     ops: Sequence[Op],
     now: float,
-    gone: Iterable[str] = (),
+    gone: Mapping[str, float] | None = None,
     max_entries: int = MAX_ENTRIES,
 ) -> Decision:
-    """Apply `ops` in order to `entries` (each sees the ones before it); drop the entries of `gone` Pods.
+    """Apply `ops` in order to `entries` (each sees the ones before it); retire, then drop, gone Pods'.
+
+    `gone` maps a deleted Pod to when the writer saw it go: its entry is made a `tombstone` at once
+    (retired: nobody may lease it, whatever their watches still show) and dropped
+    `TOMBSTONE_SECONDS` later.
 
     An operation that finds its entry other than it was decided on is refused (its result is None)
     and changes nothing; one that finds its own effect already there (its earlier write committed
@@ -367,10 +376,15 @@ def decide(
     """
     current: dict[str, LedgerEntry] = dict(entries)
     changes: dict[str, LedgerEntry | None] = {}
-    for pod in gone:
-        if pod in current:
+    for pod, seen_at in (gone or {}).items():
+        entry = current.get(pod)
+        if entry is None:
+            continue
+        if now - seen_at >= TOMBSTONE_SECONDS:
             del current[pod]
             changes[pod] = None
+        elif not is_tombstone(entry):
+            current[pod] = changes[pod] = tombstone(entry, now)
     results: list[LedgerEntry | None] = []
     for op in ops:
         before = current.get(op.pod, FREE)
@@ -380,6 +394,15 @@ def decide(
             current[op.pod] = after
             changes[op.pod] = after
     return Decision(changes, tuple(results))
+
+
+def tombstone(entry: LedgerEntry, now: float) -> LedgerEntry:
+    """A gone Pod's entry until it is dropped: retired, no more (every write encodes every entry)."""
+    return LedgerEntry(api.LEASE_RETIRED, entry.rev + 1, entry.episodes, changed_at=now)
+
+
+def is_tombstone(entry: LedgerEntry) -> bool:
+    return entry.state == api.LEASE_RETIRED and entry.lease is None and entry.reserved_for is None
 
 
 def _apply(op: Op, entry: LedgerEntry, now: float, full: bool) -> LedgerEntry | None:

@@ -72,7 +72,8 @@ class _Shard:
     raw: dict[str, str] = field(default_factory=dict)  # pod -> its entry's JSON, as last read
     pending: list[tuple[Op, asyncio.Future[LedgerEntry | None]]] = field(default_factory=list)
     flusher: asyncio.Task[None] | None = None
-    gone: set[str] = field(default_factory=set)  # Pods seen deleted whose entries may be dropped
+    # Pods seen deleted (and when) whose entries are still held: retired, dropped once old enough.
+    gone: dict[str, float] = field(default_factory=dict)
     # Its stored entries could not be read (damage, or a writer of another encoding): every Pod of
     # the shard reads as held, and nothing is written over it.
     unreadable: bool = False
@@ -162,10 +163,10 @@ class LedgerBook:
                 await task
 
     def pod_gone(self, namespace: str, shard: str, pod: str) -> None:
-        """A Pod was deleted: the next write on its shard drops its entry (if it has one)."""
+        """A Pod was deleted: the writes on its shard retire its entry, then drop it (core.ledger.decide)."""
         known = self._shards.get((namespace, shard))
         if known is not None and known.ledger is not None and pod in known.ledger.entries:
-            known.gone.add(pod)
+            known.gone.setdefault(pod, self.clock())
 
     async def read(self, namespace: str, shard: str) -> Ledger | None:
         """Read one ledger from the apiserver (a consistent read) and keep it if it is newer."""
@@ -251,12 +252,12 @@ class LedgerBook:
             if shard.unreadable:
                 error = LedgerUnavailable(f"ledger {ledger_name(name)} in {namespace} cannot be read")
                 break
-            gone = shard.gone & set(ledger.entries) if ledger is not None else set()
-            decision = decide(ledger.entries if ledger is not None else {}, ops, self.clock(), gone)
+            before = ledger.entries if ledger is not None else {}
+            gone = {pod: at for pod, at in shard.gone.items() if pod in before}
+            decision = decide(before, ops, self.clock(), gone)
             if not decision.changes:
                 _settle(batch, decision.results)
                 return
-            before = ledger.entries if ledger is not None else {}
             entries, raw = apply_changes(before, shard.raw, decision.changes)
             if ledger is None:
                 body = ledger_object(namespace, name, entries, raw)
@@ -292,7 +293,9 @@ class LedgerBook:
             shard.writing = None
             LEDGER_WRITES.labels("committed").inc()
             self.writes += 1
-            shard.gone -= gone
+            for pod, change in decision.changes.items():
+                if change is None:
+                    shard.gone.pop(pod, None)
             # What it holds now is what we wrote (the write was conditional on what we read): no
             # need to decode it again from the answer.
             version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
@@ -378,7 +381,7 @@ class LedgerBook:
         ):
             return
         known.ledger, known.raw, known.unreadable = ledger, raw, False
-        known.gone &= set(ledger.entries)
+        known.gone = {pod: at for pod, at in known.gone.items() if pod in ledger.entries}
         if changed:
             self.on_change(key[0], key[1], changed)
 

@@ -151,7 +151,10 @@ class PodRecorder:
         ):
             PodRecorder._note_record(truth, asdict(entry.lease))
         if entry.state == api.LEASE_RELEASED and truth.released_at is None:
-            truth.released_at = now
+            # When its writer decided the release (the apiserver's record of it), not when this
+            # thread got to it: the ledger and Pod watches lag each other by milliseconds, and
+            # the operator deletes a released Pod that fast.
+            truth.released_at = min(entry.changed_at, now) if entry.changed_at else now
         if entry.state == api.LEASE_RESERVED and entry.reserved_for is not None:
             holder, run = entry.reserved_for
             kept = Reservation(entry.episodes, holder, run, entry.reserved_since or now)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -12,11 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.ledger import (
+    TOMBSTONE_SECONDS,
     UNREADABLE,
     Claim,
     LedgerEntry,
     Release,
     Rewrite,
+    Unclaim,
+    is_tombstone,
     ledger_object,
     stored_entries,
 )
@@ -36,8 +40,8 @@ async def kube(kubectl: Kubectl, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     await client.close()
 
 
-async def started(kube: KubeClient, namespace: str) -> LedgerBook:
-    book = LedgerBook(kube, (namespace,), lambda *_: None)
+async def started(kube: KubeClient, namespace: str, clock: Callable[[], float] = time.time) -> LedgerBook:
+    book = LedgerBook(kube, (namespace,), lambda *_: None, clock=clock)
     await book.start()
     await asyncio.wait_for(book.synced.wait(), 30)
     return book
@@ -167,3 +171,44 @@ async def test_a_ledger_nobody_can_read_holds_every_pod_and_is_never_overwritten
         assert stored["spec"]["entries"] == "not gzip, not base64"
     finally:
         await book.stop()
+
+
+async def test_a_deleted_pods_entry_stays_held_for_a_writer_whose_pod_watch_lags(
+    kube: KubeClient, namespace: str
+) -> None:
+    """The writer that saw the Pods go retires their entries; one whose Pod watch still shows them
+    cannot lease them (as free without an entry, or on the entry it knew) until the tombstone ends."""
+    now = [time.time()]
+    seer, lagging = await started(kube, namespace, lambda: now[0]), await started(kube, namespace)
+    try:
+        released = await seer.submit(namespace, "05", Claim("done", 0, lease(namespace, "done", "alice")))
+        claimed = await seer.submit(namespace, "05", Claim("free", 0, lease(namespace, "free", "alice")))
+        assert released is not None
+        assert claimed is not None
+        assert await seer.submit(namespace, "05", Release("done", f"{namespace}.done")) is not None
+        free = await seer.submit(namespace, "05", Unclaim("free", claimed.rev))  # free again, rev 2
+        assert free is not None
+        assert free.state == api.LEASE_FREE
+        seer.pod_gone(namespace, "05", "done")
+        seer.pod_gone(namespace, "05", "free")
+        # The next write on the shard, whatever it is for, carries the retirement.
+        other = await seer.submit(namespace, "05", Claim("other", 0, lease(namespace, "other", "bob")))
+        assert other is not None
+        stored = await lagging.read(namespace, "05")
+        assert stored is not None
+        assert is_tombstone(stored.entries["done"])  # retired, its lease no longer stored
+        assert is_tombstone(stored.entries["free"])
+        for claim in (
+            Claim("done", 0, lease(namespace, "done", "mallory")),  # as if it had no entry
+            Claim("free", 0, lease(namespace, "free", "mallory")),
+            Claim("free", free.rev, lease(namespace, "free", "mallory")),  # on the entry it knew
+        ):
+            assert await lagging.submit(namespace, "05", claim) is None, claim
+        now[0] += TOMBSTONE_SECONDS
+        assert await seer.submit(namespace, "05", Release("other", f"{namespace}.other")) is not None
+        stored = await lagging.read(namespace, "05")
+        assert stored is not None
+        assert set(stored.entries) == {"other"}
+    finally:
+        await seer.stop()
+        await lagging.stop()

@@ -11,6 +11,7 @@ from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.ledger import (
     FREE,
+    TOMBSTONE_SECONDS,
     UNREADABLE,
     Claim,
     LedgerEntry,
@@ -25,6 +26,7 @@ from sandfleet.core.ledger import (
     encode_entries,
     entry_from_json,
     entry_to_json,
+    is_tombstone,
     ledger_from_object,
     ledger_name,
     ledger_object,
@@ -192,12 +194,36 @@ def test_a_full_ledger_refuses_new_entries_but_not_changes_to_its_own() -> None:
     assert released is not None
 
 
-def test_entries_of_gone_pods_are_dropped_with_the_next_write() -> None:
-    held = {"p-1": LedgerEntry(api.LEASE_RELEASED, 2), "p-2": LedgerEntry(api.LEASE_LEASED, 1)}
-    decision = decide(held, [Claim("p-3", 0, lease(pod="p-3"))], 100.0, gone=["p-1", "p-7"])
-    assert decision.changes["p-1"] is None
-    assert "p-7" not in decision.changes
-    assert "p-2" not in decision.changes
+def test_a_gone_pods_entry_is_held_retired_until_the_tombstone_ends_then_dropped() -> None:
+    """A writer whose Pod watch lags must find a deleted Pod held, never free (the entry-less reading)."""
+    held = {
+        "p-1": LedgerEntry(api.LEASE_RELEASED, 2, lease=lease(pod="p-1")),
+        "p-2": LedgerEntry(api.LEASE_LEASED, 1, lease=lease(pod="p-2")),
+        "p-3": LedgerEntry(api.LEASE_RETIRED, 7, changed_at=90.0),  # retired when it was free
+        "p-4": LedgerEntry(api.LEASE_FREE, 3),
+        "p-5": LedgerEntry(api.LEASE_RESERVED, 4, episodes=2, reserved_for=("alice", "run-1")),
+        "p-6": LedgerEntry(api.LEASE_LEASED, 5, lease=lease(pod="p-6")),  # its node went with it
+    }
+    gone = {pod: 100.0 for pod in ("p-1", "p-3", "p-4", "p-5", "p-6", "p-7")}
+    now = 100.0 + TOMBSTONE_SECONDS - 1
+    soon = decide(held, [Claim("p-8", 0, lease(pod="p-8"))], now, gone=gone)
+    assert soon.results[0] is not None
+    assert set(soon.changes) == {"p-1", "p-4", "p-5", "p-6", "p-8"}  # p-2 lives, p-3 is one, no p-7
+    for pod in ("p-1", "p-4", "p-5", "p-6"):
+        kept = soon.changes[pod]
+        assert kept == LedgerEntry(api.LEASE_RETIRED, held[pod].rev + 1, held[pod].episodes, changed_at=now)
+        assert is_tombstone(kept)
+    # A claim decided on the Pod as free (entry-less, or its old entry) is refused meanwhile.
+    after = {**held, **{pod: entry for pod, entry in soon.changes.items() if entry is not None}}
+    lagging = [
+        Claim("p-1", 0, lease(pod="p-1")),
+        Claim("p-3", 0, lease(pod="p-3")),
+        Claim("p-4", 3, lease(pod="p-4")),
+        Claim("p-4", 0, lease(pod="p-4")),
+    ]
+    assert decide(after, lagging, now, gone=gone).results == (None,) * 4
+    late = decide(after, [], 100.0 + TOMBSTONE_SECONDS, gone=gone)
+    assert late.changes == {pod: None for pod in ("p-1", "p-3", "p-4", "p-5", "p-6")}
 
 
 @st.composite
