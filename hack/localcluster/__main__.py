@@ -1,4 +1,8 @@
-"""Command line of hack/cluster: build, up, down, status, kubeconfig, bin-dir, import-image."""
+"""Command line of hack/cluster: build, up, down, status, kubeconfig, bin-dir, import-image.
+
+`up --clusters N` starts N member clusters side by side (localcluster.members); `down` stops every
+member, `status` shows each, `kubeconfig --member I` names one's.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 
 from localcluster import build
 from localcluster.cluster import LocalCluster, Topology
+from localcluster.members import MAX_MEMBERS, member, members, started_members
 from localcluster.realnode import RealNodeSpec
 
 
@@ -27,6 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=Topology.nodes, help="simulated CPU nodes")
     up.add_argument("--gpu-nodes", type=int, default=Topology.gpu_nodes, help="simulated GPU nodes")
     up.add_argument(
+        "--clusters",
+        type=int,
+        default=1,
+        help=f"member clusters to run side by side, each with its own etcd, apiserver and kwok nodes "
+        f"(1 to {MAX_MEMBERS}; member i keeps its state in <state dir>-m<i>, its ports shifted by "
+        "100 x i); the real node, if any, joins member 0",
+    )
+    up.add_argument(
         "--real-node",
         action="store_true",
         help="also run one real node (containerd with runc and gVisor's runsc, kubelet, kube-proxy, "
@@ -37,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         default=RealNodeSpec.region,
         help="the real node's topology.kubernetes.io/region (default %(default)s)",
     )
-    commands.add_parser("down", help="stop everything and remove the cluster's state")
-    commands.add_parser("status", help="what runs and whether it is healthy (exit 1 if not up)")
-    commands.add_parser("kubeconfig", help="print the admin kubeconfig's path")
+    commands.add_parser("down", help="stop everything (every member) and remove the clusters' state")
+    commands.add_parser("status", help="what runs and whether it is healthy, per member (exit 1 if not up)")
+    kubeconfig = commands.add_parser("kubeconfig", help="print the admin kubeconfig's path")
+    kubeconfig.add_argument("--member", type=int, default=0, help="which member cluster's (default 0)")
     bin_dir = commands.add_parser("bin-dir", help="print the directory holding kubectl (or another binary)")
     bin_dir.add_argument("binary", nargs="?", default="kubectl", help="e.g. helm, kubelet (default kubectl)")
     load = commands.add_parser(
@@ -51,14 +65,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    cluster = LocalCluster()
-    if args.command in ("up", "down"):
-        # Two `up`s of one cluster at once (two test sessions, a benchmark) would each take the
-        # other's half-started daemons for a broken cluster and tear them down: one at a time.
-        with _lock(cluster.state_dir):
-            cluster = LocalCluster()  # what the previous holder left (a real node, or nothing)
-            return _run(args, parser, cluster)
-    return _run(args, parser, cluster)
+    # Two `up`s of one cluster at once (two test sessions, a benchmark) would each take the other's
+    # half-started daemons for a broken cluster and tear them down: one at a time, per member, and
+    # each member read afresh inside its lock (what the previous holder left: a real node, or nothing).
+    if args.command == "up":
+        try:
+            fleet = members(args.clusters)
+        except ValueError as error:
+            parser.error(str(error))
+        for index, cluster in enumerate(fleet):
+            if len(fleet) > 1:
+                print(f"[hack/cluster] member {index} of {len(fleet)}: {cluster.state_dir}", file=sys.stderr)
+            with _lock(cluster.state_dir):
+                if _run(args, parser, member(index), real_node=index == 0) != 0:
+                    return 1
+        return 0
+    if args.command == "down":
+        for cluster in reversed(started_members()):
+            with _lock(cluster.state_dir):
+                _run(args, parser, LocalCluster(cluster.state_dir, cluster.ports, cluster.pod_cidr))
+        return 0
+    if args.command == "status":
+        fleet = started_members()
+        healthy = True
+        for index, cluster in enumerate(fleet):
+            if len(fleet) > 1:
+                print(f"-- member {index}: {cluster.state_dir}")
+            healthy = _run(args, parser, cluster) == 0 and healthy
+        return 0 if healthy else 1
+    if args.command == "kubeconfig":
+        try:
+            return _run(args, parser, member(args.member))
+        except ValueError as error:
+            parser.error(str(error))
+    return _run(args, parser, LocalCluster())
 
 
 @contextlib.contextmanager
@@ -70,12 +110,14 @@ def _lock(state_dir: Path) -> Iterator[None]:
         yield
 
 
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, cluster: LocalCluster) -> int:
+def _run(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, cluster: LocalCluster, real_node: bool = True
+) -> int:
     if args.command == "build":
         build.build_all()
     elif args.command == "up":
         try:
-            real = RealNodeSpec(region=args.real_node_region) if args.real_node else None
+            real = RealNodeSpec(region=args.real_node_region) if args.real_node and real_node else None
             topology = Topology(nodes=args.nodes, gpu_nodes=args.gpu_nodes, real_node=real)
             cluster.up(topology)
         except ValueError as error:
@@ -86,7 +128,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, cluster: Loc
         return 0 if cluster.status() else 1
     elif args.command == "kubeconfig":
         if not cluster.kubeconfig.exists():
-            print("no cluster: run `hack/cluster up` first", file=sys.stderr)
+            wanted = f" --clusters {args.member + 1}" if args.member else ""
+            print(f"no cluster: run `hack/cluster up{wanted}` first", file=sys.stderr)
             return 1
         print(cluster.kubeconfig)
     elif args.command == "bin-dir":
