@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack"))
 
 import rawhttp  # noqa: E402
+from localbench import free_port  # noqa: E402
 
 from localcluster import build  # noqa: E402
 from localcluster.cluster import POD_CIDR, LocalCluster, Ports, Topology  # noqa: E402
@@ -76,13 +76,6 @@ def thin(values: list[float], most: int = 400) -> list[float]:
         step = (len(ordered) - 1) / (most - 1)
         ordered = [ordered[round(i * step)] for i in range(most)]
     return [round(v, 3) for v in ordered]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Bench:

@@ -6,7 +6,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from localbench import free_port
 
 from sandfleet.core import api
 from sandfleet.core.ledger import ledger_from_object, overlay
@@ -54,12 +55,6 @@ SCALE_CLUSTER_ENV = {
 
 def log(name: str, message: str) -> None:
     print(f"[bench {name}] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -44,7 +44,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_leases import TOKEN, Bench, cpu_seconds, free_port, log_to
+from gateway_leases import TOKEN, Bench, cpu_seconds, log_to
+from localbench import free_port
 
 from sandfleet.core import api
 
