@@ -5,7 +5,7 @@ operator creates them (the operator's own fill rate is bench/pool_fill.py's busi
 readiness comes from kwok, and exec goes to a real agent on loopback.
 
     .venv/bin/python bench/gateway_leases.py            # full: 300-lease burst, 3,000 cycles
-    .venv/bin/python bench/gateway_leases.py --short    # CI: 100-lease burst, 400 cycles
+    .venv/bin/python bench/gateway_leases.py --short    # CI: 100-lease burst, 200 cycles
 
 The burst comes from three processes of the lean client (bench/rawhttp.py), each acquire with its
 own idempotency key as sandfleet.client sends them; the rest is httpx, one request at a time or 32.
@@ -318,7 +318,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="small sizes for CI")
     args = parser.parse_args()
-    burst_size, cycle_count, exec_rounds = (100, 400, 5) if args.short else (300, 3000, 20)
+    burst_size, cycle_count, exec_rounds = (100, 200, 5) if args.short else (300, 3000, 20)
     # A SIGTERM (CI timeout, ^C from a wrapper) still runs the teardown below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory() as tmp:

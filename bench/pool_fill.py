@@ -5,7 +5,7 @@ simulated nodes, /tmp/sandfleet-bench, other ports) and removes it afterwards; -
 shared test cluster without resizing it.
 
     .venv/bin/python bench/pool_fill.py            # full: 3,000 sandboxes, separate 60-node cluster
-    .venv/bin/python bench/pool_fill.py --short    # CI: 300 sandboxes on the shared cluster
+    .venv/bin/python bench/pool_fill.py --short    # CI: 150 sandboxes on the shared cluster
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--sandboxes", type=int, default=None)
     parser.add_argument("--nodes", type=int, default=60, help="nodes of the separate cluster (full run)")
     args = parser.parse_args()
-    count = args.sandboxes or (300 if args.short else 3000)
+    count = args.sandboxes or (150 if args.short else 3000)
     cluster = Cluster(separate=not args.short, nodes=args.nodes)
     log("fill", f"cluster: {'shared' if args.short else f'separate, {args.nodes} nodes'}; {count} sandboxes")
     cluster.up()

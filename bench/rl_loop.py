@@ -6,7 +6,7 @@ scoring / training split and the verdict). This is `make demo` without its prose
 serve --local --tasks` gateway on its own port, then `sandfleet rl run` against it.
 
     .venv/bin/python bench/rl_loop.py            # full: 2 actors for 120 s
-    .venv/bin/python bench/rl_loop.py --short    # CI: 2 actors for 20 s
+    .venv/bin/python bench/rl_loop.py --short    # CI: 2 actors for 12 s
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="CI size")
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args()
-    seconds = args.seconds or (20.0 if args.short else 120.0)
+    seconds = args.seconds or (12.0 if args.short else 120.0)
     port = free_port()  # not a fixed one: 18093, which it had, is also a fault-suite gateway port
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "SANDFLEET_URL": url}

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cluster
 def test_pool_fill_short(kubectl: Kubectl) -> None:
     report = run_short("pool_fill.py")
     assert report["benchmark"] == "pool_fill"
-    assert report["sandboxes"] == 300
+    assert report["sandboxes"] == 150
     assert report["pool_sandboxes_per_second"] > 0
     assert report["replicaset_pods_per_second"] > 0
     assert report["ratio_to_replicaset"] == pytest.approx(

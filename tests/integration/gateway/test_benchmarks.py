@@ -51,7 +51,7 @@ def test_gateway_replicas_short() -> None:
 def test_lease_batches_short() -> None:
     """Batches from the ledger and from the Pod store, a big batch, and sustained recycled episodes."""
     report = run_short("lease_batches.py", timeout=900)
-    assert (report["batch_size"], report["big_batch_size"]) == (100, 1024)
+    assert (report["batch_size"], report["big_batch_size"]) == (100, 512)
     pod, ledger = report["batch_pod"], report["batch_ledger"]
     for figures in (pod, ledger):
         assert 0 < figures["gateway_p50_ms"] <= figures["client_p50_ms"] <= figures["client_max_ms"]
