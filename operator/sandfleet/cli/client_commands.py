@@ -284,19 +284,24 @@ def release(
 
 @app.command()
 def pools(url: URL = None, token: TOKEN = None, as_json: AS_JSON = False) -> None:
-    """List pools with their warm, leased and waiting counts."""
+    """List pools: warm, leased and waiting counts, and where (cluster/region warm/leased)."""
     with _fleet(url, token) as fleet:
         found = _run(fleet.pools)
     if as_json:
         typer.echo(json.dumps(found))
         return
-    table = Table("POOL", "WARM", "LEASED", "WAITING", "REGIONS", "IMAGE")
+    table = Table("POOL", "WARM", "LEASED", "WAITING", "REGIONS", "WHERE (WARM/LEASED)", "IMAGE")
     for pool in found:
         table.add_row(
             pool["name"], str(pool["warm"]), str(pool["leased"]), str(pool["waiting"]),
-            ",".join(pool["regions"]), pool["image"],
+            ",".join(pool["regions"]), "\n".join(map(_place, pool.get("places") or ())), pool["image"],
         )  # fmt: skip
     Console().print(table)
+
+
+def _place(place: dict[str, Any]) -> str:
+    where = "/".join(part for part in (place["cluster"], place["region"]) if part) or "-"
+    return f"{where} {place['warm']}/{place['leased']}"
 
 
 @app.command()

@@ -48,6 +48,13 @@ def gateway(
             help="Hand out this replica's own share of the warm Pods first [default: share].",
         ),
     ] = None,
+    member: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Serve one fleet over several clusters: NAME=KUBECONFIG per member cluster (repeatable; "
+            "NAME a DNS label that lease ids carry). Without it: the one cluster of the kubeconfig.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the Kubernetes runtime's pools (kubeconfig or in-cluster config).
 
@@ -72,6 +79,7 @@ def gateway(
         "agent_key_file": agent_key_file,
         "insecure_no_agent_key": insecure_no_agent_key,
         "share_warm": share_warm,
+        "members": parse_members(member or []) or None,
     }
     # Only flags actually given are passed, so the environment fills in the rest.
     try:
@@ -86,3 +94,16 @@ def gateway(
     except KubeConfigError as error:
         typer.echo(f"sandfleet gateway: {error}", err=True)
         raise typer.Exit(2) from None
+
+
+def parse_members(values: list[str]) -> dict[str, Path]:
+    """`--member NAME=KUBECONFIG` flags as {name: kubeconfig}; BadParameter naming the bad one."""
+    members: dict[str, Path] = {}
+    for value in values:
+        name, equals, kubeconfig = value.partition("=")
+        if not equals or not name or not kubeconfig:
+            raise typer.BadParameter(f"--member {value!r}: write NAME=KUBECONFIG, e.g. eu1=~/.kube/eu1.yaml")
+        if name in members:
+            raise typer.BadParameter(f"--member {name!r} is given twice: each member cluster once")
+        members[name] = Path(kubeconfig).expanduser()
+    return members

@@ -167,16 +167,27 @@ def object_key(namespace: str, name: str) -> str:
 
 # Between a lease id's sandbox and its episode (never in a Pod name, unreserved in a URL).
 EPISODE_MARK = "~"
+# Between a fleet member cluster's name and the lease id inside it (never in a DNS label, so never
+# in a member's name, a namespace or a Pod name; unreserved in a URL).
+CLUSTER_MARK = "_"
 
 
-def lease_id(namespace: str, name: str, episode: int = 0) -> str:
+def lease_id(namespace: str, name: str, episode: int = 0, cluster: str = "") -> str:
     """A lease id: `ns.name` for a sandbox's first episode, `ns.name~N` for its episode N (recycled).
 
     A namespace is a DNS label and holds no dot, so the first dot splits it back (`split_lease_id`);
     a Pod name holds no `~`. Each episode of a recycled sandbox has a lease id of its own, so a call
-    made under an ended episode's lease never reaches the next one.
+    made under an ended episode's lease never reaches the next one. A gateway over several member
+    clusters prefixes the member that holds the sandbox: `member_ns.name[~N]` (`lease_cluster`).
     """
-    return f"{namespace}.{name}" if episode == 0 else f"{namespace}.{name}{EPISODE_MARK}{episode}"
+    local = f"{namespace}.{name}" if episode == 0 else f"{namespace}.{name}{EPISODE_MARK}{episode}"
+    return f"{cluster}{CLUSTER_MARK}{local}" if cluster else local
+
+
+def lease_cluster(value: str) -> tuple[str, str]:
+    """(the member cluster a lease id names, the id inside that member); ("", value) without one."""
+    cluster, mark, local = value.partition(CLUSTER_MARK)
+    return (cluster, local) if mark else ("", value)
 
 
 def sandbox_key(value: str) -> str:
@@ -193,10 +204,10 @@ def lease_episode(value: str) -> int | None:
 
 
 def split_lease_id(value: str) -> tuple[str, str] | None:
-    """(namespace, pod name) of a lease id, or None when it is not one of ours."""
-    if len(value) > 317 or lease_episode(value) is None:
+    """(namespace, pod name) of a lease id (a fleet member's, too), or None when it is not one of ours."""
+    if len(value) > 381 or lease_episode(value) is None:
         return None
-    namespace, dot, name = sandbox_key(value).partition(".")
+    namespace, dot, name = sandbox_key(lease_cluster(value)[1]).partition(".")
     if not dot or not namespace or not name:
         return None
     return namespace, name
@@ -248,11 +259,13 @@ class SandboxPod:
     # its ledger entry it was read with. None: its lease is written on the Pod itself.
     shard: str | None = None
     entry_rev: int = 0
+    # The fleet member cluster it runs in, as the gateway serving several names it ("": the only one).
+    cluster: str = ""
 
     @property
     def key(self) -> str:
         """Its lease id (`lease_id`): the key every index of sandboxes files it under."""
-        return lease_id(self.namespace, self.name)
+        return lease_id(self.namespace, self.name, cluster=self.cluster)
 
     @property
     def version(self) -> str:
@@ -278,7 +291,7 @@ class SandboxPod:
     @property
     def next_lease_id(self) -> str:
         """The id its next lease gets: one per episode."""
-        return lease_id(self.namespace, self.name, self.episodes)
+        return lease_id(self.namespace, self.name, self.episodes, self.cluster)
 
     @property
     def lease_expires_at(self) -> float | None:

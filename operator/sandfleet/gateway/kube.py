@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from sandfleet.core.leases import (
     unclaim_metadata,
 )
 from sandfleet.core.ledger import Claim, LedgerEntry, Op, Release, Reserve, Rewrite, Unclaim, overlay
-from sandfleet.core.model import SandboxPod, image_key, lease_id, split_lease_id
+from sandfleet.core.model import SandboxPod, image_key, lease_cluster, lease_id, split_lease_id
 from sandfleet.core.partition import owner, shard_owner
 from sandfleet.core.pods import sandbox_from_pod
 from sandfleet.core.recycle import recycle_verdict
@@ -75,8 +76,14 @@ class KubeBackend(IndexedReads):
         token_audiences: list[str] | None = None,
         replica: str | None = None,
         resets: AgentResets | None = None,
+        cluster: str = "",
+        index: SandboxIndex | None = None,
     ) -> None:
         self.namespace = namespace
+        # The fleet member this cluster is, when one gateway serves several (gateway.fleet): its
+        # sandboxes' lease ids name it, and they share the fleet's index with the other members'.
+        self.cluster = cluster
+        self._shared_index = index is not None
         # Resets released sandboxes of recycling pools through their agents; None deletes them all.
         self.resets = resets
         # This replica's name among the gateway replicas: each hands out its own share of the warm
@@ -86,7 +93,7 @@ class KubeBackend(IndexedReads):
         # A token minted for the gateway's own audience is useless against the apiserver itself.
         self.token_audiences = token_audiences or None
         self._connect = connect
-        self.index = SandboxIndex()
+        self.index = index if index is not None else SandboxIndex()
         # Each Pod as the Pod itself reads (before its ledger entry is laid over it).
         self._pods: dict[str, SandboxPod] = {}
         # Per pool, its Pods of the `pod` store (their leases are written on them, not in a ledger).
@@ -210,13 +217,13 @@ class KubeBackend(IndexedReads):
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         listed = await self.kube.json("GET", path, query={"labelSelector": selector})
         for pod in listed.get("items") or ():
-            found = sandbox_from_pod(pod)
+            found = self._read(pod)
             if found is not None:
                 self._upsert(found)
 
     async def fresh(self, lease_id: str) -> SandboxPod | None:
         parts = split_lease_id(lease_id)
-        if parts is None or parts[0] != self.namespace:
+        if parts is None or parts[0] != self.namespace or lease_cluster(lease_id)[0] != self.cluster:
             return None
         try:
             pod = await self.kube.json("GET", f"/api/v1/namespaces/{parts[0]}/pods/{parts[1]}")
@@ -224,7 +231,7 @@ class KubeBackend(IndexedReads):
             if error.status == 404:
                 return None
             raise
-        found = sandbox_from_pod(pod)
+        found = self._read(pod)
         if found is None:
             return None
         if found.shard is not None and self.ledgers is not None:
@@ -246,7 +253,7 @@ class KubeBackend(IndexedReads):
             if error.status in (404, 409):
                 return None
             raise
-        updated = sandbox_from_pod(pod)
+        updated = self._read(pod)
         if updated is not None:
             self._upsert(updated)
         return updated
@@ -381,7 +388,7 @@ class KubeBackend(IndexedReads):
         if kind == SYNC:
             self._listed_pods = {}
             return
-        sandbox = sandbox_from_pod(pod)
+        sandbox = self._read(pod)
         if sandbox is None:
             return
         if self._listed_pods is not None:
@@ -395,12 +402,23 @@ class KubeBackend(IndexedReads):
         listed, self._listed_pods = self._listed_pods or {}, None
         for key in [k for k in self._pods if k not in listed]:
             self._forget(self._pods[key])  # gone while nobody watched
-        self.index.clear()
+        if self._shared_index:  # the other members' sandboxes stay
+            for key in self._pods:
+                self.index.pop(key, None)
+        else:
+            self.index.clear()
         self._pods.clear()
         self._own_leases.clear()
         for sandbox in listed.values():
             self._upsert(sandbox)
         self._pods_synced.set()
+
+    def _read(self, pod: dict[str, Any]) -> SandboxPod | None:
+        """A Pod as a sandbox of this cluster (None: not a sandbox)."""
+        sandbox = sandbox_from_pod(pod)
+        if sandbox is None or not self.cluster:
+            return sandbox
+        return dataclasses.replace(sandbox, cluster=self.cluster)
 
     def _upsert(self, sandbox: SandboxPod) -> None:
         """A reading of a Pod (a watch event, or a write's answer): into the index, with its ledger entry."""
@@ -433,9 +451,8 @@ class KubeBackend(IndexedReads):
         if pods is None:
             changed = [s for s in self._pods.values() if s.namespace == namespace and s.shard == shard]
         else:
-            changed = [
-                s for s in map(self._pods.get, (lease_id(namespace, n) for n in pods)) if s is not None
-            ]
+            keys = (lease_id(namespace, n, cluster=self.cluster) for n in pods)
+            changed = [s for s in map(self._pods.get, keys) if s is not None]
         for known in changed:
             if known.shard == shard:
                 self.index.put(self._as_leased(known))

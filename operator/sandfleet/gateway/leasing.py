@@ -50,6 +50,14 @@ class LeaseGone(LookupError):
     """
 
 
+class SandboxWithdrawn(RuntimeError):
+    """A claim the backend gave up on, nobody getting the sandbox: its cluster is away.
+
+    The backend (gateway.fleet) took that cluster's warm sandboxes off the shelves, so the waiter
+    takes another instead of failing. It never reaches a caller.
+    """
+
+
 class NotTheHolder(PermissionError):
     """The caller may not touch this lease: another caller holds it (the client sees `Forbidden`)."""
 
@@ -602,6 +610,8 @@ class LeaseService:
                 self._stale[sandbox.key] = sandbox.version
                 while len(self._stale) > MAX_STALE:
                     self._stale.popitem(last=False)
+            elif isinstance(result, SandboxWithdrawn):
+                pass  # off the shelves with its cluster: the waiter takes another below
             else:
                 # The write itself failed (the apiserver is away): the sandbox is as free as it was,
                 # so it goes back in the index rather than being shunned, and the caller is told

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -11,14 +12,21 @@ from fastapi import FastAPI
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, parse_token_file
-from sandfleet.gateway.kube import KubeBackend, connect
+from sandfleet.gateway.fleet import FleetBackend
+from sandfleet.gateway.kube import POOL_SIZE, KubeBackend, connect
 from sandfleet.gateway.kube_members import ReplicasGauge, default_identity
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
 from sandfleet.gateway.recycling import AgentResets
 from sandfleet.gateway.run_peers import KubePeers
 from sandfleet.gateway.serving import guarded_protocol
 from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, GatewaySettings, TenantSettings
-from sandfleet.kube.config import ApiClient, Configuration, load_configuration
+from sandfleet.kube.config import (
+    ApiClient,
+    Configuration,
+    api_client,
+    load_configuration,
+    load_configuration_from,
+)
 
 
 def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClient]] = connect) -> FastAPI:
@@ -26,13 +34,18 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_key = load_agent_key(settings)
     resets = AgentResets(agent_key)
-    backend = KubeBackend(
-        settings.namespace,
-        connect=connect,
-        token_audiences=settings.token_audiences,
-        replica=default_identity() if settings.share_warm else None,
-        resets=resets,
-    )
+    backend: KubeBackend | FleetBackend
+    if settings.members:
+        # Replicas of a fleet gateway do not split the warm sandboxes among themselves (yet).
+        backend = FleetBackend(settings.namespace, member_connects(settings.members), resets=resets)
+    else:
+        backend = KubeBackend(
+            settings.namespace,
+            connect=connect,
+            token_audiences=settings.token_audiences,
+            replica=default_identity() if settings.share_warm else None,
+            resets=resets,
+        )
     reviews = settings.auth == "kubernetes"
     tenancy = TenantSettings()
     authenticator = Authenticator(
@@ -55,10 +68,26 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.kube),
         capacity=CapacitySettings(),
         tenancy=tenancy,
-        collectors=(ReplicasGauge(backend.replicas), *resets.metrics()),
+        collectors=(
+            ReplicasGauge(backend.replicas),
+            *resets.metrics(),
+            *([backend.metrics()] if isinstance(backend, FleetBackend) else []),
+        ),
         peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
     )
     return create_app(runtime)
+
+
+def member_connects(members: Mapping[str, Path]) -> dict[str, Callable[[], Awaitable[ApiClient]]]:
+    """Per member cluster, how to connect to it: its own kubeconfig, read at each (re)connect."""
+
+    def connect_to(kubeconfig: Path) -> Callable[[], Awaitable[ApiClient]]:
+        async def connect_member() -> ApiClient:
+            return api_client(await load_configuration_from(kubeconfig), POOL_SIZE)
+
+        return connect_member
+
+    return {name: connect_to(path) for name, path in members.items()}
 
 
 def load_agent_key(settings: GatewaySettings) -> bytes | None:
@@ -87,7 +116,11 @@ def run(settings: GatewaySettings) -> None:
         return await connect(configuration)  # the one loaded below, before uvicorn starts
 
     app = kube_app(settings, connect=connect_loaded)  # the agent key's errors first, as ever
-    configuration = asyncio.run(load_configuration())
+    if settings.members:  # each member's kubeconfig, checked now: one line naming the bad one
+        for kubeconfig in settings.members.values():
+            asyncio.run(load_configuration_from(kubeconfig))
+    else:
+        configuration = asyncio.run(load_configuration())
     uvicorn.run(
         app,
         host=settings.host,

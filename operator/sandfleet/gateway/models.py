@@ -139,6 +139,9 @@ class LeaseView(BaseModel):
         "", description="Digest of the image the sandbox runs (empty until the runtime reports it)."
     )
     template_hash: str = Field("", description="Hash of the pool template the sandbox was made from.")
+    cluster: str = Field(
+        "", description='The fleet member cluster that holds it, as its id says ("": the only cluster).'
+    )
 
     @classmethod
     def of(cls, lease: LeaseRecord, sandbox: SandboxPod) -> LeaseView:
@@ -156,6 +159,7 @@ class LeaseView(BaseModel):
             idempotency_key=lease.idempotency_key,
             image_digest=sandbox.image_digest,
             template_hash=sandbox.template_hash,
+            cluster=sandbox.cluster,
         )
 
 
@@ -189,6 +193,15 @@ class LeaseList(BaseModel):
     leases: list[LeaseView]
 
 
+class PlaceView(BaseModel):
+    """A pool's sandboxes in one cluster and region."""
+
+    cluster: str = Field(description='The fleet member cluster ("" when the gateway serves one cluster).')
+    region: str = Field(description='The region label its nodes carry ("" when unplaced or local).')
+    warm: int
+    leased: int
+
+
 class PoolView(BaseModel):
     name: str
     regions: list[str]
@@ -198,6 +211,9 @@ class PoolView(BaseModel):
     waiting: int
     default_ttl_seconds: int
     max_ttl_seconds: int
+    places: list[PlaceView] = Field(
+        default_factory=list, description="Its warm and leased sandboxes per cluster and region."
+    )
 
 
 class PoolList(BaseModel):

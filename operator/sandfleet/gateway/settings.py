@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandfleet.core.quotas import Quotas
 from sandfleet.gateway.guard import BodyLimits
 from sandfleet.gateway.models import MAX_ACQUIRE
+
+# A member cluster's name goes into lease ids and metric labels: a DNS label, as a namespace is.
+MEMBER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?")
 
 # Idle keep-alive connections live longer on the server than in clients (httpx drops its own after
 # 5 s): with equal timeouts a client reuses a connection at the instant the server closes it, and
@@ -39,11 +43,27 @@ class GatewaySettings(BaseSettings):
         default_factory=list,
         description="Audiences a caller's token must carry (TokenReview); empty means the apiserver's.",
     )
+    members: dict[str, Path] = Field(
+        default_factory=dict,
+        description="Serve one fleet over several member clusters: member name -> its kubeconfig "
+        "(each runs its own operator). Empty: the one cluster of the kubeconfig or in-cluster identity.",
+    )
     share_warm: bool = Field(
         True,
         description="Find the other replicas (coordination Leases) and hand out this replica's own "
         "share of the warm Pods first, so replicas do not race for the same ones.",
     )
+
+    @field_validator("members")
+    @classmethod
+    def _member_names(cls, members: dict[str, Path]) -> dict[str, Path]:
+        for name in members:
+            if not MEMBER_NAME.fullmatch(name):
+                raise ValueError(
+                    f"member name {name!r} must be a DNS label of at most 32 characters (lower-case "
+                    "letters, digits, '-'; a letter or digit at each end): lease ids carry it"
+                )
+        return members
 
 
 class CapacitySettings(BaseSettings):

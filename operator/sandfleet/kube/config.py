@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from kubernetes_asyncio import config
 from kubernetes_asyncio.client import ApiClient, Configuration
@@ -43,6 +44,16 @@ async def load_configuration() -> Configuration:
             "no Kubernetes credentials: no kubeconfig (set KUBECONFIG or write ~/.kube/config) and no "
             f"in-cluster identity ({error})"
         ) from None
+    return configuration
+
+
+async def load_configuration_from(kubeconfig: Path) -> Configuration:
+    """The API client configuration of one kubeconfig file (a fleet member's); KubeConfigError if unusable."""
+    configuration = Configuration()
+    try:
+        await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError) as error:
+        raise KubeConfigError(f"cannot use the kubeconfig {kubeconfig}: {error}") from None
     return configuration
 
 

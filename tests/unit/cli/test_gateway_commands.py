@@ -47,3 +47,36 @@ def test_a_bad_value_is_a_usage_error_not_a_traceback(monkeypatch: pytest.Monkey
     assert result.exit_code == 2
     assert "auth" in result.output
     assert "Traceback" not in result.output
+
+
+def test_members_are_name_equals_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(monkeypatch, ["--member", "eu1=/k/eu1.yaml", "--member", "us2=/k/us2.yaml"], {})
+    assert {name: str(path) for name, path in settings.members.items()} == {
+        "eu1": "/k/eu1.yaml",
+        "us2": "/k/us2.yaml",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("eu1", "NAME=KUBECONFIG"),
+        ("=/k/a.yaml", "NAME=KUBECONFIG"),
+        ("EU_1=/k/a.yaml", "DNS label"),
+    ],
+)
+def test_a_bad_member_is_a_usage_error_saying_what_to_write(
+    monkeypatch: pytest.MonkeyPatch, value: str, said: str
+) -> None:
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    result = CliRunner().invoke(app, ["gateway", "--member", value], terminal_width=200)
+    assert result.exit_code == 2
+    assert said in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_a_member_given_twice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    result = CliRunner().invoke(app, ["gateway", "--member", "a=/x", "--member", "a=/y"], terminal_width=200)
+    assert result.exit_code == 2
+    assert "twice" in result.output

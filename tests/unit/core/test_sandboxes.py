@@ -15,6 +15,7 @@ from sandfleet.core.leases import LeaseRecord, lease_expired
 from sandfleet.core.model import (
     PREWARM_LABEL,
     SandboxPod,
+    lease_cluster,
     lease_episode,
     lease_id,
     object_key,
@@ -208,6 +209,28 @@ def test_lease_ids_split_back_into_what_made_them(namespace: str, name: str, epi
     assert split_lease_id(made) == (namespace, name)
     assert lease_episode(made) == episode
     assert sandbox_key(made) == lease_id(namespace, name)
+
+
+@given(
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True),
+    st.from_regex(r"[a-z0-9]([-.a-z0-9]{0,200}[a-z0-9])?", fullmatch=True),
+    st.integers(min_value=0, max_value=10**6),
+)
+def test_a_fleet_members_lease_ids_say_which_member_holds_them(
+    cluster: str, namespace: str, name: str, episode: int
+) -> None:
+    made = lease_id(namespace, name, episode, cluster)
+    assert lease_cluster(made) == (cluster, lease_id(namespace, name, episode))
+    assert split_lease_id(made) == (namespace, name)
+    assert lease_episode(made) == episode
+    assert sandbox_key(made) == lease_id(namespace, name, cluster=cluster)
+
+
+def test_a_lease_id_without_a_member_is_the_one_clusters() -> None:
+    assert lease_cluster("ns.sb-1~2") == ("", "ns.sb-1~2")
+    assert lease_id("ns", "sb-1", 2, "eu1") == "eu1_ns.sb-1~2"
+    assert replace(SandboxPod("ns", "sb-1", "python", "r"), cluster="eu1").key == "eu1_ns.sb-1"
 
 
 def test_each_episode_of_a_recycled_sandbox_has_a_lease_id_of_its_own() -> None:

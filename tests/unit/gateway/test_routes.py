@@ -9,10 +9,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
+from sandfleet.core.model import SandboxPod
 from sandfleet.core.queueing import Admission
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, Unauthenticated
+from sandfleet.gateway.backend import PoolInfo
 from sandfleet.gateway.disconnect import ClientGone
 from sandfleet.gateway.leasing import (
     Granted,
@@ -26,6 +29,7 @@ from sandfleet.gateway.models import Evaluation, Problem
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for, validation_detail
 from sandfleet.gateway.routes.leases import granted_result, refused_result
+from sandfleet.gateway.routes.pools import pool_view
 from sandfleet.gateway.routes.sandboxes import AGENT_ROUTES, agent_phase, agent_responses
 
 # Clients, the OpenAPI links and schemathesis's stateful phase name operations by these ids.
@@ -223,3 +227,25 @@ def test_agent_responses_declare_what_the_agent_may_answer() -> None:
     # The agent's refusals are reshaped into Problems by the proxy: one error shape on every route.
     assert listing[404]["model"] is Problem
     assert agent_responses("POST", "/v1/evaluate")[200]["model"] is Evaluation
+
+
+def test_a_pool_is_listed_per_cluster_and_region() -> None:
+    info = PoolInfo("ns", "python", 60, 600, ("eu", "us"), "img")
+
+    def sandbox(name: str, cluster: str, region: str, state: str) -> SandboxPod:
+        return SandboxPod("ns", name, "python", region, state=state, ready=True, cluster=cluster)
+
+    sandboxes = [
+        sandbox("a", "m1", "us", api.LEASE_FREE),
+        sandbox("b", "m0", "eu", api.LEASE_FREE),
+        sandbox("c", "m0", "eu", api.LEASE_LEASED),
+        sandbox("d", "m1", "us", api.LEASE_LEASED),
+        sandbox("e", "m1", "eu", api.LEASE_FREE),
+    ]
+    view = pool_view(info, sandboxes, waiting=2)
+    assert (view.warm, view.leased, view.waiting) == (3, 2, 2)
+    assert [p.model_dump() for p in view.places] == [
+        {"cluster": "m0", "region": "eu", "warm": 1, "leased": 1},
+        {"cluster": "m1", "region": "eu", "warm": 1, "leased": 0},
+        {"cluster": "m1", "region": "us", "warm": 1, "leased": 1},
+    ]

@@ -7,14 +7,17 @@ from fastapi import APIRouter
 from sandfleet.core import api
 from sandfleet.core.model import SandboxPod
 from sandfleet.gateway.backend import PoolInfo
-from sandfleet.gateway.models import PoolList, PoolView, PrefetchRequest, PrefetchResponse
+from sandfleet.gateway.models import PlaceView, PoolList, PoolView, PrefetchRequest, PrefetchResponse
 from sandfleet.gateway.routes.deps import Authed, PartsDep
 
 router = APIRouter(tags=["pools"])
 
 
 def pool_view(pool: PoolInfo, sandboxes: list[SandboxPod], waiting: int) -> PoolView:
-    """A pool as listed: its spec, and how many of its sandboxes are warm and leased."""
+    """A pool as listed: its spec, and how many of its sandboxes are warm and leased, in all and per place."""
+    places: dict[tuple[str, str], list[SandboxPod]] = {}
+    for sandbox in sandboxes:
+        places.setdefault((sandbox.cluster, sandbox.region or ""), []).append(sandbox)
     return PoolView(
         name=pool.name,
         regions=list(pool.regions),
@@ -24,6 +27,15 @@ def pool_view(pool: PoolInfo, sandboxes: list[SandboxPod], waiting: int) -> Pool
         waiting=waiting,
         default_ttl_seconds=pool.default_ttl_seconds,
         max_ttl_seconds=pool.max_ttl_seconds,
+        places=[
+            PlaceView(
+                cluster=cluster,
+                region=region,
+                warm=sum(s.warm for s in found),
+                leased=sum(s.state == api.LEASE_LEASED for s in found),
+            )
+            for (cluster, region), found in sorted(places.items())
+        ],
     )
 
 

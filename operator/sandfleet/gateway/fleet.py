@@ -1,0 +1,394 @@
+"""One gateway over several member clusters: a KubeBackend each, one shared index, writes to the holder."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sandfleet.core.fleet import MemberHealth, observe, split_count, withdraw
+from sandfleet.core.leases import LeaseRecord
+from sandfleet.core.model import SandboxPod, lease_cluster, sandbox_key
+from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
+from sandfleet.gateway.kube import KubeBackend
+from sandfleet.gateway.leasing import LeaseGone, SandboxWithdrawn
+from sandfleet.gateway.recycling import AgentResets
+from sandfleet.kube.client import KubeClient
+from sandfleet.kube.config import ApiClient
+from sandfleet.kube.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+# A member whose apiserver has not answered (or whose watches have been down) this long is lost:
+# its warm sandboxes are withdrawn, so acquires go to the others, and its leases answer 410 at once
+# instead of waiting on its apiserver.
+LOST_AFTER_SECONDS = 3.0
+CHECK_EVERY_SECONDS = 0.5
+# A member's apiserver must answer a cheap read this fast: a partition shows as silence, not as
+# an error, and a watch can stay open on a peer that no longer answers.
+PROBE_SECONDS = 1.0
+START_RETRY_SECONDS = 2.0
+# How long the watching waits on one release of a lost lease before looking at the members again.
+RELEASE_SECONDS = 5.0
+
+T = TypeVar("T")
+
+
+@dataclass
+class Member:
+    """One member cluster as the fleet gateway sees it."""
+
+    name: str
+    backend: KubeBackend
+    health: MemberHealth = field(default_factory=MemberHealth)
+    started: bool = False
+    # The leases it held when it was lost: their holders were told so (410), so they end for good,
+    # released once it is back, even though its own ledger kept them.
+    ended: set[str] = field(default_factory=set)
+    # Set while it is lost: what a call on it waits on besides its own answer.
+    lost_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def lost(self) -> bool:
+        return self.health.lost
+
+    @property
+    def serving(self) -> bool:
+        return self.started and not self.health.lost
+
+
+class MemberLost(LeaseGone):
+    """A lease on a member cluster the gateway cannot reach: lost with it (the client sees 410)."""
+
+
+class NoMemberServes(RuntimeError):
+    """Every member cluster is lost or still starting (a 503 to retry)."""
+
+
+class FleetBackend(IndexedReads):
+    """A Backend over the pools of one namespace in several member clusters.
+
+    Each member is a KubeBackend whose sandboxes carry its name (`SandboxPod.cluster`, so lease ids
+    say which member holds them), filed in one shared index: a shelf holds every member's warm
+    sandboxes of a pool and image, and an acquire spills from a member that is short to the others
+    with no routing of its own. Writes go to the member that holds the sandbox. Losing a member
+    withdraws its warm sandboxes and ends its leases with a clear error; its own ledgers keep its
+    leases, so nothing is leased twice when it comes back.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        connects: Mapping[str, Callable[[], Awaitable[ApiClient]]],
+        resets: AgentResets | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not connects:
+            raise ValueError("a fleet needs at least one member cluster")
+        self.namespace = namespace
+        self.index = SandboxIndex()
+        self.clock = clock
+        self.members = {
+            name: Member(name, KubeBackend(namespace, connect, resets=resets, cluster=name, index=self.index))
+            for name, connect in connects.items()
+        }
+        self.home = next(iter(self.members.values())).backend  # reviews, policies and peers live there
+        self.synced = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- the members ---------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether some member serves (a lost one costs only its own sandboxes)."""
+        return any(m.serving and m.backend.connected for m in self.members.values())
+
+    @property
+    def kube(self) -> KubeClient:
+        """The home member's client (the run policies and the replicas' peers live there)."""
+        return self.home.kube
+
+    def replicas(self) -> int:
+        """1: replicas of a fleet gateway do not share out the warm sandboxes among themselves."""
+        return 1
+
+    def metrics(self) -> Collector:
+        """`sandfleet_gateway_member_up{cluster}`: 1 while a member serves, 0 while lost or starting."""
+        return MembersGauge(self.members)
+
+    async def start(self, sync_timeout: float = 60.0) -> None:
+        """Start every member; returns once one has synced (a member that cannot start yet keeps trying)."""
+        members = self.members.values()
+        self._tasks = [asyncio.create_task(self._start_member(m, sync_timeout)) for m in members]
+        self._tasks.append(asyncio.create_task(self._watch_members()))
+        await asyncio.wait_for(self.synced.wait(), timeout=sync_timeout)
+
+    async def _start_member(self, member: Member, sync_timeout: float) -> None:
+        while True:
+            try:
+                await member.backend.start(sync_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # unreachable at start: the others serve meanwhile
+                log.warning("member cluster %s did not start (%s); retrying", member.name, error)
+                with contextlib.suppress(Exception):
+                    await member.backend.stop()
+                await asyncio.sleep(START_RETRY_SECONDS)
+                continue
+            member.started = True
+            self.synced.set()
+            return
+
+    async def _watch_members(self) -> None:
+        while True:
+            try:
+                await self._look()
+            except Exception:  # one bad look must not stop the watching
+                log.exception("looking at the member clusters failed; looking again")
+            await asyncio.sleep(CHECK_EVERY_SECONDS)
+
+    async def _look(self) -> None:
+        """Each started member probed at once; its health, shelves and lost leases brought up to date."""
+        started = [m for m in self.members.values() if m.started]
+        answers = await asyncio.gather(*(self._answers(m) for m in started))
+        now = self.clock()
+        for member, answered in zip(started, answers, strict=True):
+            self._check(member, answered and member.backend.connected, now)
+            if member.ended and member.serving:
+                await self._end_lost_leases(member)
+
+    @staticmethod
+    async def _answers(member: Member) -> bool:
+        """Whether its apiserver answers a cheap read within PROBE_SECONDS."""
+        try:
+            await asyncio.wait_for(member.backend.kube.json("GET", "/version"), PROBE_SECONDS)
+        except Exception:
+            return False
+        return True
+
+    async def _end_lost_leases(self, member: Member) -> None:
+        """Release what was lost with `member` now that it is back (each tried again until it lands)."""
+        for lease_id in sorted(member.ended):
+            found = self.index.get(sandbox_key(lease_id))
+            if found is None or found.lease is None or found.lease.id != lease_id or not found.leased:
+                member.ended.discard(lease_id)  # already gone, released or expired there
+                continue
+            try:
+                await asyncio.wait_for(member.backend.release(found), RELEASE_SECONDS)
+            except Exception as error:  # its apiserver may still be settling: next look
+                log.warning("could not yet release %s, lost with member %s: %s", lease_id, member.name, error)
+                return
+            member.ended.discard(lease_id)
+
+    def _check(self, member: Member, connected: bool, now: float) -> None:
+        self._set_health(member, observe(member.health, connected, now, LOST_AFTER_SECONDS))
+
+    def _set_health(self, member: Member, health: MemberHealth) -> None:
+        """Its new health, and its warm sandboxes onto or off the shelves to match."""
+        before, member.health = member.health, health
+        if health.lost and not before.lost:
+            member.lost_event.set()  # calls waiting on it end now
+            log.warning("member cluster %s lost: its warm sandboxes withdrawn, its leases end", member.name)
+            held = self._sandboxes_of(member)
+            member.ended |= {s.lease.id for s in held if s.lease is not None and s.leased}
+        elif before.lost and not health.lost:
+            member.lost_event = asyncio.Event()
+            log.warning("member cluster %s is back", member.name)
+        if before.shelved and not health.shelved:
+            for sandbox in self._sandboxes_of(member):
+                self.index.shelves.remove(sandbox)
+        elif health.shelved and not before.shelved:
+            # Back on the shelves as last read; a watch that broke meanwhile relists and corrects them.
+            log.info("member cluster %s answers again: its warm sandboxes back on the shelves", member.name)
+            for sandbox in self._sandboxes_of(member):
+                self.index.put(sandbox)  # a waiting acquire wakes for it
+
+    def _sandboxes_of(self, member: Member) -> list[SandboxPod]:
+        return [s for s in self.index.in_pool() if s.cluster == member.name]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for member in self.members.values():
+            if member.started:
+                await member.backend.stop()
+
+    async def _unless_lost(self, member: Member, call: Awaitable[T], lost: Callable[[], Exception]) -> T:
+        """`call`'s answer, or `lost()` raised as soon as `member` is lost (a partition never answers)."""
+        task = asyncio.ensure_future(call)
+        if member.lost:
+            task.cancel()
+            raise lost()
+        watching = asyncio.ensure_future(member.lost_event.wait())
+        try:
+            await asyncio.wait({task, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise lost()
+
+    def _member_of(self, sandbox: SandboxPod) -> Member:
+        member = self.members.get(sandbox.cluster)
+        if member is None:
+            raise LookupError(f"sandbox {sandbox.key!r} names no member cluster of this fleet")
+        return member
+
+    def _lost(self, lease_id: str, member: Member, end: bool = False) -> Callable[[], MemberLost]:
+        """MemberLost for `lease_id`; with `end`, the lease is also released once the member is back."""
+
+        def lost() -> MemberLost:
+            if end:
+                member.ended.add(lease_id)
+            return MemberLost(self._lost_detail(lease_id, member.name))
+
+        return lost
+
+    @staticmethod
+    def _lost_detail(lease_id: str, cluster: str) -> str:
+        return (
+            f"lease {lease_id!r} is on member cluster {cluster!r}, which the gateway cannot reach: "
+            "the lease is lost with it; acquire a new one (the other members serve)"
+        )
+
+    # -- Backend: reads (the shared index) ---------------------------------------------------
+
+    def pool(self, name: str) -> PoolInfo | None:
+        for member in self.members.values():
+            found = member.backend.pool(name)
+            if found is not None:
+                return found
+        return None
+
+    def pools(self) -> list[PoolInfo]:
+        found: dict[str, PoolInfo] = {}
+        for member in self.members.values():
+            for info in member.backend.pools():
+                found.setdefault(info.name, info)
+        return sorted(found.values(), key=lambda p: p.name)
+
+    def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
+        """Those of the members that serve: a lost member's are neither listed, counted nor released."""
+        return [s for s in self.index.in_pool(pool) if self._serves(s)]
+
+    def leased_with_key(self, holder: str, idempotency_key: str) -> list[SandboxPod]:
+        return [s for s in self.index.lease_keys.find(holder, idempotency_key) if self._serves(s)]
+
+    def _serves(self, sandbox: SandboxPod) -> bool:
+        """Whether `sandbox` is on a member that serves, and not under a lease lost with it."""
+        member = self.members.get(sandbox.cluster)
+        if member is None or member.lost:
+            return False
+        return not member.ended or sandbox.lease is None or sandbox.lease.id not in member.ended
+
+    def sandbox(self, lease_id: str) -> SandboxPod | None:
+        found = self.index.get(sandbox_key(lease_id))
+        member = self.members.get(found.cluster) if found is not None else None
+        if member is None or member.lost or lease_id in member.ended:
+            return None  # fresh() says why
+        return found
+
+    async def fresh(self, lease_id: str) -> SandboxPod | None:
+        cluster, _ = lease_cluster(lease_id)
+        member = self.members.get(cluster)
+        if member is None or not member.started:
+            return None
+        if lease_id in member.ended:
+            raise MemberLost(self._lost_detail(lease_id, cluster))
+        return await self._unless_lost(member, member.backend.fresh(lease_id), self._lost(lease_id, member))
+
+    async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:
+        serving = [m for m in self.members.values() if m.serving]
+        results = await asyncio.gather(
+            *(m.backend.refresh_keyed(holder, idempotency_key, pool) for m in serving), return_exceptions=True
+        )
+        for member, result in zip(serving, results, strict=True):
+            # A member that is down holds no lease this retry could find; one that answers, does.
+            if isinstance(result, Exception) and member.backend.connected:
+                raise result
+
+    # -- Backend: writes (to the member that holds the sandbox) ------------------------------
+
+    async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
+        """Claim it in its member; a member that cannot take the write is withdrawn, the waiter goes on."""
+        member = self.members.get(sandbox.cluster)
+        if member is None or member.lost:
+            raise SandboxWithdrawn(f"sandbox {sandbox.key!r} is on no member cluster that serves")
+
+        def lost() -> SandboxWithdrawn:
+            member.ended.add(lease.id)  # should the write land after all, it is released on return
+            return SandboxWithdrawn(f"member cluster {member.name!r} was lost during the claim")
+
+        try:
+            return await self._unless_lost(member, member.backend.claim(sandbox, lease), lost)
+        except SandboxWithdrawn:
+            raise
+        except Exception as error:
+            if isinstance(error, KubeError) and error.status < 500:
+                raise  # its apiserver answered: that answer stands
+            log.warning("member cluster %s failed a claim (%s): withdrawn for now", member.name, error)
+            self._set_health(member, withdraw(member.health, self.clock()))
+            raise SandboxWithdrawn(f"member cluster {member.name!r} is away") from error
+
+    async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
+        member = self._member_of(sandbox)
+        written = member.backend.write_lease(sandbox, lease)
+        return await self._unless_lost(member, written, self._lost(lease.id, member))
+
+    async def unclaim(self, sandbox: SandboxPod) -> None:
+        member = self._member_of(sandbox)
+        lost = self._lost(sandbox.lease.id if sandbox.lease else sandbox.key, member, end=True)
+        with contextlib.suppress(MemberLost):  # its ledger keeps the claim: released on its return
+            await self._unless_lost(member, member.backend.unclaim(sandbox), lost)
+
+    async def release(self, sandbox: SandboxPod) -> None:
+        member = self._member_of(sandbox)
+        lease_id = sandbox.lease.id if sandbox.lease is not None else sandbox.key
+        await self._unless_lost(
+            member, member.backend.release(sandbox), self._lost(lease_id, member, end=True)
+        )
+
+    async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
+        """Split evenly over the serving members: any of them may serve the leases that follow."""
+        serving = [m.backend for m in self.members.values() if m.serving]
+        if not serving:
+            raise NoMemberServes("no member cluster of the fleet is reachable: retry shortly")
+        shares = [(b, n) for b, n in zip(serving, split_count(count, len(serving)), strict=True) if n]
+        names = await asyncio.gather(*(b.prefetch(pool, image, n, ttl_seconds) for b, n in shares))
+        return names[0]
+
+    # -- reviews: the home member's apiserver authenticates and authorizes callers ------------
+
+    async def review_token(self, token: str) -> tuple[str, list[str]] | None:
+        return await self.home.review_token(token)
+
+    async def may_use_pool(self, user: str, groups: list[str], pool: str) -> bool:
+        return await self.home.may_use_pool(user, groups, pool)
+
+
+class MembersGauge(Collector):
+    """Whether each member cluster serves, as the fleet gateway sees it."""
+
+    def __init__(self, members: Mapping[str, Member]) -> None:
+        self.members = members
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "sandfleet_gateway_member_up",
+            "1 while a fleet member cluster serves; 0 while it is lost (unreachable) or still starting.",
+            labels=["cluster"],
+        )
+        for name, member in self.members.items():
+            gauge.add_metric([name], 1.0 if member.serving else 0.0)
+        yield gauge
