@@ -317,6 +317,8 @@ class Gateway:
     workdir: Path
     token: str = "bench-token"
     max_waiting: int = 100_000
+    # A fleet gateway's member clusters (name, kubeconfig); empty: the one cluster above.
+    members: tuple[tuple[str, Path], ...] = ()
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
@@ -334,11 +336,14 @@ class Gateway:
         tokens = self.workdir / "gateway-tokens"
         tokens.write_text(f"{self.token} bench\n")
         env = {**self.cluster.env, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        if self.members:
+            del env["KUBECONFIG"]  # the members' own kubeconfigs only
         argv = [
             str(SANDFLEET), "gateway", "--host", "127.0.0.1", "--port", str(self.port),
             "--namespace", self.namespace, "--auth", "static", "--token-file", str(tokens),
             "--max-waiting", str(self.max_waiting),
             "--agent-key-file", str(_agent_key_file(self.workdir)),
+            *(f"--member={name}={kubeconfig}" for name, kubeconfig in self.members),
         ]  # fmt: skip
         with self.log_path.open("wb") as out:
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)

@@ -41,7 +41,11 @@ def _helm(kubectl: Kubectl, namespace: str, *args: str) -> subprocess.CompletedP
 
 
 def _install_args(namespace: str) -> list[str]:
-    return ["install", "sandfleet", str(CHART), "--set", f"runtimeClass.name=gvisor-{namespace}"]
+    # A fleet member too: the account a fleet gateway elsewhere uses here is held to the same rules.
+    return [
+        "install", "sandfleet", str(CHART), "--set", f"runtimeClass.name=gvisor-{namespace}",
+        "--set", "fleetMember.enabled=true",
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +95,10 @@ def _sandbox(namespace: str) -> dict[str, Any]:
     return pod
 
 
-def _as_gateway(kube: Kubectl, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    account = f"system:serviceaccount:{kube.namespace}:sandfleet-gateway"
-    return kube.run(*args, f"--as={account}", stdin=stdin)
+def _as_gateway(
+    kube: Kubectl, *args: str, stdin: str | None = None, account: str = "sandfleet-gateway"
+) -> subprocess.CompletedProcess[str]:
+    return kube.run(*args, f"--as=system:serviceaccount:{kube.namespace}:{account}", stdin=stdin)
 
 
 def _patch(kube: Kubectl, kind: str, name: str, metadata: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -210,3 +215,53 @@ def test_gateway_may_write_only_its_membership_leases(installed: Kubectl) -> Non
     assert "only its replicas' membership Leases" in refused.stderr, refused.stderr
     deleted = _as_gateway(installed, "delete", "lease", "sandfleet-gateway-probe")
     assert deleted.returncode == 0, deleted.stderr
+
+
+def test_a_fleet_gateway_may_set_a_pools_share_and_nothing_else_of_it(installed: Kubectl) -> None:
+    """The account a fleet gateway uses in this member may patch pools (their fleet-share
+    annotation, its share of the warm target); the policy keeps it off their spec, labels and the
+    rest, which would let it run any image or any number of sandboxes here."""
+    pool = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.POOL_KIND,
+        "metadata": {"name": "shared"},
+        "spec": {
+            "replicas": 4,
+            "regions": [{"name": "us-east1"}],
+            "template": {
+                "image": "sandfleet/sandbox:0.1.0",
+                "runtimeClassName": f"gvisor-{installed.namespace}",
+            },
+        },
+    }
+    installed.apply(pool)
+
+    def patch(body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return _as_gateway(
+            installed, "patch", "sandboxpool", "shared", "--type=merge", "-p", json.dumps(body),
+            account="sandfleet-fleet-gateway",
+        )  # fmt: skip
+
+    share = {"metadata": {"annotations": {api.FLEET_SHARE_ANNOTATION: "0.5"}}}
+    wait_until(lambda: patch(share).returncode == 0, timeout=30, what="the fleet gateway's share patch")
+    assert (
+        installed.json("get", "sandboxpool", "shared")["metadata"]["annotations"][api.FLEET_SHARE_ANNOTATION]
+        == "0.5"
+    )
+    for body in (
+        {"spec": {"replicas": 400}},
+        {"spec": {"template": {"image": "example.test/miner:1"}}},
+        {"metadata": {"labels": {"x": "y"}}},
+        {"metadata": {"annotations": {"something.else/entirely": "x"}}},
+        {"metadata": {"finalizers": ["example.com/keep"]}},
+    ):
+        refused = patch(body)
+        assert refused.returncode != 0, f"the fleet gateway's account changed {body}"
+        assert "only a pool's sandfleet.dev/fleet-share annotation" in refused.stderr, refused.stderr
+    # The chart's own gateway holds no patch on pools at all.
+    assert (
+        _as_gateway(
+            installed, "patch", "sandboxpool", "shared", "--type=merge", "-p", json.dumps(share)
+        ).returncode
+        != 0
+    )

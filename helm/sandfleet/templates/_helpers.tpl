@@ -274,3 +274,38 @@ label a namespace it does not own). Looked up at install and upgrade; offline re
 {{- fail "rl.enabled without the chart's gateway needs rl.gatewayURL" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* What a gateway does in the namespace it serves (gateway.yaml; a fleet gateway's account in a
+member, fleet-member.yaml): the Role's rules. */}}
+{{- define "sandfleet.gatewayRules" -}}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, patch]
+# No delete, no create, no status, no exec, no ephemeral containers: the operator makes and ends
+# sandboxes; the gateway only marks leases on them.
+- apiGroups: [sandfleet.dev]
+  resources: [sandboxpools]
+  verbs: [get, list, watch]
+- apiGroups: [sandfleet.dev]
+  resources: [sandboxprewarms]
+  verbs: [create, patch]
+# The lease ledgers (docs/gateway.md): read by a watch, created once per shard, then patched in
+# batches, each patch conditional on the ledger's resourceVersion. Never deleted.
+- apiGroups: [sandfleet.dev]
+  resources: [sandboxledgers]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, update]
+# Each replica renews a Lease of its own so the replicas find each other and hand out disjoint
+# shares of the warm Pods first (gateway/kube_members.py); names are generated, so the admission
+# policy confines these writes to sandfleet-gateway-* (never the operator's leader Lease).
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end -}}
+
+{{/* The fleet gateway's account in this member cluster (fleet-member.yaml), as the apiserver names it. */}}
+{{- define "sandfleet.fleetGatewayUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "sandfleet.componentName" (dict "root" . "component" "fleet-gateway")) -}}
+{{- end -}}

@@ -17,6 +17,7 @@ from sandfleet.controller.kube import Kube, KubeError
 from sandfleet.controller.leader import LeaderElector
 from sandfleet.core import api
 from sandfleet.core.autoscale import AutoscaleState, desired_replicas
+from sandfleet.core.fleet import share_of
 from sandfleet.core.ledger import DEFAULT_SHARDS, Retire, shard_for
 from sandfleet.core.model import (
     PoolSpec,
@@ -250,7 +251,9 @@ class Operator:
 
     def _groups(self, worker: PoolWorker, now: float) -> list[WarmGroup]:
         spec = worker.spec
-        target = spec.replicas
+        # A fleet member keeps its share of the fleet's warm target; an autoscaled pool follows the
+        # leases routed to this member instead.
+        target = share_of(spec.replicas, spec.fleet_share)
         if spec.autoscaling.enabled:
             target, worker.autoscale = desired_replicas(
                 spec.autoscaling,

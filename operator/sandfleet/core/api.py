@@ -78,4 +78,8 @@ EPISODES_ANNOTATION: Final = f"{GROUP}/episodes"
 # On a reserved Pod: JSON {holder, run, since}, whose next lease of that run it waits for since when.
 RESERVED_ANNOTATION: Final = f"{GROUP}/reserved"
 
+# On a SandboxPool in a fleet's member cluster, written by the fleet gateway: the fraction (0 to 1) of
+# spec.replicas this member keeps warm (its share of the fleet's serving members; absent means all).
+FLEET_SHARE_ANNOTATION: Final = f"{GROUP}/fleet-share"
+
 SANDBOX_CONTAINER: Final = "sandbox"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 
@@ -48,3 +50,20 @@ def split_count(count: int, members: int) -> list[int]:
         raise ValueError("a count splits over one member or more")
     each, extra = divmod(count, members)
     return [each + (index < extra) for index in range(members)]
+
+
+def member_shares(serving: Mapping[str, bool]) -> dict[str, float]:
+    """Each serving member's share of a pool's warm target: equal, so a lost member's moves to the rest.
+
+    Members that do not serve get none here (nobody can write to them; their own operators keep the
+    share they were last given until they are back and told again).
+    """
+    up = sorted(name for name, serves in serving.items() if serves)
+    return {name: round(1.0 / len(up), 6) for name in up}
+
+
+def share_of(replicas: int, share: float | None) -> int:
+    """A member's part of a pool's `replicas` (rounded up, so the members together keep at least all)."""
+    if share is None:
+        return replicas
+    return math.ceil(replicas * share - 1e-9)

@@ -136,6 +136,8 @@ class PoolSpec:
     autoscaling: AutoscalingSpec = AutoscalingSpec()
     lease: LeaseSpec = LeaseSpec()
     recycle: RecyclePolicy | None = None  # spec.recycle (docs/operator.md)
+    # The FLEET_SHARE_ANNOTATION a fleet gateway wrote: this member's fraction of `replicas` (None: all).
+    fleet_share: float | None = None
 
     @property
     def key(self) -> str:
@@ -394,7 +396,17 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
         autoscaling=autoscaling,
         lease=lease_spec,
         recycle=recycle_policy,
+        fleet_share=parse_share((meta.get("annotations") or {}).get(api.FLEET_SHARE_ANNOTATION)),
     )
+
+
+def parse_share(value: object) -> float | None:
+    """A fleet share annotation's fraction, or None when absent or not a number from 0 to 1 (ignored)."""
+    try:
+        share = float(str(value))
+    except ValueError:
+        return None
+    return share if 0.0 <= share <= 1.0 else None
 
 
 def parse_time(value: str | datetime | None) -> float | None:

@@ -37,6 +37,8 @@ class PoolInfo:
     recycle: RecyclePolicy | None = None
     # spec.lease.store: where new Pods' leases are written (each Pod says its own: SandboxPod.shard).
     store: str = api.STORE_LEDGER
+    # Its FLEET_SHARE_ANNOTATION: the share of its warm target a fleet gateway gave this member.
+    fleet_share: float | None = None
 
     def serves(self, image: str) -> bool:
         """Whether `image` is the template's or one of `served_images` (compared by image key)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -13,7 +14,7 @@ from typing import TypeVar
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sandfleet.core.fleet import MemberHealth, observe, split_count, withdraw
+from sandfleet.core.fleet import MemberHealth, member_shares, observe, split_count, withdraw
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod, lease_cluster, sandbox_key
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
@@ -155,7 +156,7 @@ class FleetBackend(IndexedReads):
             await asyncio.sleep(CHECK_EVERY_SECONDS)
 
     async def _look(self) -> None:
-        """Each started member probed at once; its health, shelves and lost leases brought up to date."""
+        """Probe every started member at once; bring health, shelves, lost leases and shares up to date."""
         started = [m for m in self.members.values() if m.started]
         answers = await asyncio.gather(*(self._answers(m) for m in started))
         now = self.clock()
@@ -163,6 +164,21 @@ class FleetBackend(IndexedReads):
             self._check(member, answered and member.backend.connected, now)
             if member.ended and member.serving:
                 await self._end_lost_leases(member)
+        await self._share_out()
+
+    async def _share_out(self) -> None:
+        """Tell each serving member its share of every pool's warm target, where it holds another."""
+        shares = member_shares({name: m.serving for name, m in self.members.items()})
+        for name, share in shares.items():
+            member = self.members[name]
+            for pool in member.backend.pools():
+                if pool.fleet_share == share:
+                    continue
+                try:
+                    await asyncio.wait_for(member.backend.set_fleet_share(pool.name, share), RELEASE_SECONDS)
+                except Exception as error:  # tried again at the next look
+                    log.warning("could not give member %s its share of pool %s: %s", name, pool.name, error)
+                    break
 
     @staticmethod
     async def _answers(member: Member) -> bool:
@@ -265,18 +281,18 @@ class FleetBackend(IndexedReads):
     # -- Backend: reads (the shared index) ---------------------------------------------------
 
     def pool(self, name: str) -> PoolInfo | None:
-        for member in self.members.values():
-            found = member.backend.pool(name)
-            if found is not None:
-                return found
-        return None
+        """The pool as the serving members hold it together: their regions, the sum of their maxima."""
+        found = [info for m in self.members.values() if m.serving and (info := m.backend.pool(name))]
+        if not found:
+            return None
+        regions = tuple(dict.fromkeys(region for info in found for region in info.regions))
+        return dataclasses.replace(
+            found[0], regions=regions, max_sandboxes=sum(info.max_sandboxes for info in found)
+        )
 
     def pools(self) -> list[PoolInfo]:
-        found: dict[str, PoolInfo] = {}
-        for member in self.members.values():
-            for info in member.backend.pools():
-                found.setdefault(info.name, info)
-        return sorted(found.values(), key=lambda p: p.name)
+        names = {info.name for m in self.members.values() if m.serving for info in m.backend.pools()}
+        return [pool for pool in map(self.pool, sorted(names)) if pool is not None]
 
     def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
         """Those of the members that serve: a lost member's are neither listed, counted nor released."""

@@ -58,6 +58,7 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
         max_sandboxes=pool.max_sandboxes,
         recycle=pool.recycle,
         store=pool.lease.store,
+        fleet_share=pool.fleet_share,
     )
 
 
@@ -287,6 +288,12 @@ class KubeBackend(IndexedReads):
             content_type=APPLY_PATCH,
         )
         return name
+
+    async def set_fleet_share(self, pool: str, share: float) -> None:
+        """Give this member `share` of `pool`'s warm target (a fleet gateway's; its operator reads it)."""
+        path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{self.namespace}/{api.POOL_PLURAL}/{pool}"
+        body = {"metadata": {"annotations": {api.FLEET_SHARE_ANNOTATION: f"{share:g}"}}}
+        await self.kube.send("PATCH", path, body=body, content_type=MERGE_PATCH)
 
     # -- reviews for authentication and authorization -----------------------------------------
 

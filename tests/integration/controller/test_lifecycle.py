@@ -138,3 +138,20 @@ def test_autoscaling_overrides_replicas_within_its_bounds(
     wait_until(lambda: status(kube, "auto").get("replicas") == 3, timeout=60, what="the autoscaling floor")
     wait_ready(kube, "auto", operator)
     assert len(live_pods(kube, "auto")) == 3
+
+
+def test_a_fleet_member_keeps_its_share_of_the_warm_target(
+    kube: Kubectl, start_operator: Callable[[], OperatorProcess]
+) -> None:
+    operator = start_operator()
+    shared = pool_manifest("member", 10, regions=ONE_REGION)
+    shared["metadata"]["annotations"] = {api.FLEET_SHARE_ANNOTATION: "0.3"}  # as a fleet gateway writes it
+    kube.apply(shared)
+    wait_until(lambda: status(kube, "member").get("replicas") == 3, timeout=60, what="a 0.3 share of 10")
+    wait_ready(kube, "member", operator)
+    assert len(live_pods(kube, "member")) == 3
+    # The other members were lost: the whole target moves here.
+    kube("annotate", "--overwrite", "sandboxpool", "member", f"{api.FLEET_SHARE_ANNOTATION}=1")
+    wait_until(lambda: status(kube, "member").get("replicas") == 10, timeout=60, what="the whole target")
+    wait_ready(kube, "member", operator)
+    assert len(live_pods(kube, "member")) == 10

@@ -2,7 +2,8 @@
 sandboxes are, their ids name the member, and a member that stops answering costs only its own leases.
 
 The member is partitioned, not shut down: its apiserver is frozen (SIGSTOP), so calls to it hang
-as they would behind a dead network, and then thawed (SIGCONT) with its etcd intact.
+as they would behind a dead network, and then thawed (SIGCONT) with its etcd intact. A real
+Prometheus (Debian's) scrapes the fleet gateway throughout and sees the member go down and back.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sandfleet.core import api
 from tests.integration.gateway.conftest import TOKENS, Pool, loopback_sandbox, pool_manifest
 from tests.support.agent_key import fleet_key_file
 from tests.support.kube import Kubectl, wait_until
+from tests.support.prometheus import Prometheus, running_prometheus
 from tests.support.servers import free_port, wait_until_ready
 
 pytestmark = pytest.mark.cluster
@@ -139,11 +141,20 @@ def places(client: httpx.Client) -> dict[tuple[str, str], tuple[int, int]]:
     return {(p["cluster"], p["region"]): (p["warm"], p["leased"]) for p in pool["places"]}
 
 
-def member_up(client: httpx.Client) -> dict[str, float]:
-    """sandfleet_gateway_member_up per cluster, as /metrics says."""
-    prefix = 'sandfleet_gateway_member_up{cluster="'
-    lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith(prefix)]
-    return {line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+def shares(members: list[Member]) -> dict[str, str]:
+    """Each member's share of the pool, as the fleet gateway wrote it there."""
+    found = {}
+    for member in members:
+        pool = member.pool.kube.json("get", "sandboxpool", "python")
+        found[member.name] = (pool["metadata"].get("annotations") or {}).get(api.FLEET_SHARE_ANNOTATION, "")
+    return found
+
+
+def member_up(prometheus: Prometheus) -> dict[str, float]:
+    """sandfleet_gateway_member_up per cluster, as a real Prometheus scraped it from the gateway."""
+    prometheus.wait_for_fresh_scrape()
+    found = prometheus.query("sandfleet_gateway_member_up")
+    return {sample["metric"]["cluster"]: float(sample["value"][1]) for sample in found}
 
 
 def acquire(client: httpx.Client, count: int = 1, **body: Any) -> httpx.Response:
@@ -180,7 +191,16 @@ class Load:
             time.sleep(0.15)  # a few cycles a second: the sandboxes are never made again here
 
 
-def test_a_fleet_spills_over_and_survives_losing_a_member(members: list[Member], fleet_gateway: str) -> None:
+def test_a_fleet_spills_over_and_survives_losing_a_member(
+    members: list[Member], fleet_gateway: str, tmp_path: Path
+) -> None:
+    with running_prometheus(
+        tmp_path / "prometheus", {"fleet-gateway": [fleet_gateway.removeprefix("http://")]}
+    ) as prometheus:
+        spill_over_and_lose_a_member(members, fleet_gateway, prometheus)
+
+
+def spill_over_and_lose_a_member(members: list[Member], fleet_gateway: str, prometheus: Prometheus) -> None:
     m0, m1 = members
     m0.pool.add_sandboxes(80, region="asia-southeast1", prefix="a")
     m1.pool.add_sandboxes(6, region="europe-west4", prefix="b")
@@ -194,6 +214,8 @@ def test_a_fleet_spills_over_and_survives_losing_a_member(members: list[Member],
         what="both members' warm sandboxes in /v1/pools",
     )
     assert places(client)[("m1", "us-east1")] == (1, 0)
+    # Each member is told its share of the pool's warm target (its operator keeps that many).
+    wait_until(lambda: shares(members) == {"m0": "0.5", "m1": "0.5"}, timeout=15, what="the members' shares")
 
     # Routing: the region hint finds member 1's sandbox; its id names member 1; exec reaches it there.
     near = acquire(client, regions=["us-east1"]).raise_for_status().json()["leases"][0]
@@ -234,7 +256,8 @@ def test_a_fleet_spills_over_and_survives_losing_a_member(members: list[Member],
             time.sleep(0.1)
         time.sleep(2)  # the load goes on against the survivor a while
         assert set(places(client)) == {("m0", "asia-southeast1")}  # member 1 withdrawn from the view
-        assert member_up(client) == {"m0": 1.0, "m1": 0.0}
+        assert member_up(prometheus) == {"m0": 1.0, "m1": 0.0}
+        wait_until(lambda: shares([m0]) == {"m0": "1"}, timeout=10, what="member 1's share moved to member 0")
     finally:
         load.stop.set()
         worker.join(timeout=60)
@@ -254,7 +277,8 @@ def test_a_fleet_spills_over_and_survives_losing_a_member(members: list[Member],
     wait_until(
         lambda: ("m1", "europe-west4") in places(client), timeout=30, what="member 1 back in /v1/pools"
     )
-    assert member_up(client) == {"m0": 1.0, "m1": 1.0}
+    assert member_up(prometheus) == {"m0": 1.0, "m1": 1.0}
+    wait_until(lambda: shares(members) == {"m0": "0.5", "m1": "0.5"}, timeout=15, what="the shares back")
     wait_until(
         lambda: all(
             m1.pool.states()[n] == api.LEASE_RELEASED for n in ["python-loop-0", *m1_sandboxes(group)]

@@ -140,3 +140,15 @@ def test_pool_spec_carries_its_recycle_policy_only_when_set() -> None:
     assert BARE_POOL.recycle is None
     pool = pool_from_object({"spec": {"recycle": {"maxEpisodes": 8, "maxSeconds": 1800}}})
     assert pool.recycle == RecyclePolicy(max_episodes=8, max_seconds=1800)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "share"),
+    [("0.5", 0.5), ("1", 1.0), ("0", 0.0), ("1.5", None), ("-0.1", None), ("half", None), ("nan", None)],
+)
+def test_a_fleet_share_is_read_when_it_is_a_fraction_and_ignored_otherwise(
+    annotation: str, share: float | None
+) -> None:
+    body = {"metadata": {"annotations": {api.FLEET_SHARE_ANNOTATION: annotation}}, "spec": {}}
+    assert pool_from_object(body).fleet_share == share
+    assert pool_from_object({"spec": {}}).fleet_share is None

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.fleet import MemberHealth, observe, split_count, withdraw
+from sandfleet.core.fleet import MemberHealth, member_shares, observe, share_of, split_count, withdraw
 
 LOST_AFTER = 3.0
 
@@ -85,3 +85,22 @@ def test_a_count_splits_whole_and_even(count: int, members: int) -> None:
 def test_a_count_needs_a_member() -> None:
     with pytest.raises(ValueError, match="one member or more"):
         split_count(3, 0)
+
+
+def test_serving_members_share_a_pools_warm_target_equally() -> None:
+    assert member_shares({"m0": True, "m1": True, "m2": True}) == {
+        "m0": 0.333333,
+        "m1": 0.333333,
+        "m2": 0.333333,
+    }
+    assert member_shares({"m0": True, "m1": False}) == {"m0": 1.0}  # a lost member's share moves
+    assert member_shares({"m0": False}) == {}
+
+
+@given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=9))
+def test_the_members_shares_keep_at_least_the_whole_target(replicas: int, members: int) -> None:
+    shares = member_shares({f"m{i}": True for i in range(members)})
+    kept = [share_of(replicas, share) for share in shares.values()]
+    assert sum(kept) >= replicas
+    assert sum(kept) <= replicas + members  # rounding up costs at most one each
+    assert share_of(replicas, None) == replicas

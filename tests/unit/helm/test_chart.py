@@ -552,6 +552,67 @@ def test_gateway_may_not(case: tuple[str, ...]) -> None:
     _check("sandfleet-gateway", case, False)
 
 
+# A fleet gateway's account in a member (fleetMember.enabled): the gateway's rights, and its pools'
+# fleet-share annotation (the admission policy holds it to that annotation).
+FLEET_GATEWAY_NEEDS = [*GATEWAY_NEEDS, ("patch", "sandboxpools.sandfleet.dev", "sandfleet")]
+
+
+@pytest.mark.parametrize("case", FLEET_GATEWAY_NEEDS, ids=str)
+def test_a_fleet_gateway_may(case: tuple[str, ...]) -> None:
+    _check("sandfleet-fleet-gateway", case, True)
+
+
+@pytest.mark.parametrize("case", GATEWAY_MUST_NOT, ids=str)
+def test_a_fleet_gateway_may_not(case: tuple[str, ...]) -> None:
+    _check("sandfleet-fleet-gateway", case, False)
+
+
+def test_a_fleet_gateway_mounts_each_members_kubeconfig_and_reaches_it() -> None:
+    docs = render_everything()
+    pod = named(docs, "Deployment", "sandfleet-gateway")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    members = [a for a in container["args"] if a.startswith("--member=")]
+    assert members == [
+        "--member=eu1=/etc/sandfleet/members/eu1/kubeconfig",
+        "--member=us2=/etc/sandfleet/members/us2/config",
+    ]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["member-us2"] == {
+        "name": "member-us2",
+        "mountPath": "/etc/sandfleet/members/us2",
+        "readOnly": True,
+    }
+    assert volumes["member-us2"]["secret"] == {
+        "secretName": "sandfleet-member-us2",
+        "items": [{"key": "config", "path": "config"}],
+    }
+    egress = named(docs, "NetworkPolicy", "sandfleet-gateway")["spec"]["egress"]
+    assert {"to": [{"ipBlock": {"cidr": "10.0.9.1/32"}}], "ports": [
+        {"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]} in egress  # fmt: skip
+    assert {
+        "to": [{"ipBlock": {"cidr": "10.245.0.0/16"}}],
+        "ports": [{"protocol": "TCP", "port": 8000}],
+    } in egress
+
+
+def test_a_fleet_member_makes_the_fleet_gateways_account_and_its_token() -> None:
+    docs = render_everything()
+    token = named(docs, "Secret", "sandfleet-fleet-gateway")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "sandfleet-fleet-gateway"
+    }
+    assert named(docs, "ServiceAccount", "sandfleet-fleet-gateway")
+    policy = named(docs, "ValidatingAdmissionPolicy", "sandfleet-sandfleet-gateway-writes")
+    assert (
+        "system:serviceaccount:sandfleet:sandfleet-fleet-gateway"
+        in policy["spec"]["matchConditions"][0]["expression"]
+    )
+    assert any("fleet-share" in v["expression"] for v in policy["spec"]["validations"])
+    assert not [d for d in render() if "sandfleet-fleet-gateway" in d["metadata"]["name"]]  # off by default
+
+
 def test_rl_and_sandbox_accounts_have_no_api_permissions_but_pool_use() -> None:
     docs = render_everything()
     assert [r["verbs"] for _, r in rules_of(docs, "sandfleet-rl")] == [["use"]]
@@ -579,6 +640,10 @@ BAD_VALUES = [
         "at '/networkPolicy/sandboxes/egress/0/cidr'",
     ),
     (["--set-string", "operator.metricsPort=http"], "at '/operator/metricsPort': got string, want integer"),
+    (
+        ["--set-json", 'gateway.members=[{"name": "EU_1", "secretName": "m"}]'],
+        "at '/gateway/members/0/name'",
+    ),
 ]
 
 
