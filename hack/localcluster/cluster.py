@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,17 @@ class Ports:
     controller_manager: int = _port("CONTROLLER_MANAGER", 10257)
     scheduler: int = _port("SCHEDULER", 10259)
     kwok: int = _port("KWOK", 10247)
+
+
+def ports_in_use(ports: Ports) -> list[str]:
+    """The cluster's ports something already listens on, as the variable that moves each (empty: all free)."""
+    busy = []
+    for name, port in asdict(ports).items():
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                variable = "ETCD" if name == "etcd_client" else name.upper()
+                busy.append(f"SANDFLEET_{variable}_PORT={port}")
+    return busy
 
 
 @dataclass(frozen=True)
@@ -261,6 +273,14 @@ class LocalCluster:
         _log(f"cluster ready in {time.monotonic() - started:.1f}s; KUBECONFIG={self.kubeconfig}")
 
     def _start(self) -> None:
+        busy = ports_in_use(self.ports)
+        if busy:
+            # Another cluster's etcd on our port would answer our health check and take our
+            # apiserver's writes: refuse, rather than start half a cluster on someone else's data.
+            raise SystemExit(
+                f"ports already in use by another process: {', '.join(busy)}; stop it, or move this "
+                "cluster to free ports with those variables"
+            )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         node = self.real_node
         if node is None:

@@ -14,14 +14,15 @@ import pytest
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Ports clear of the shared test cluster's (and below the ephemeral range), so both run at once.
+# Ports clear of every other cluster the tests and benchmarks start (tests/unit/hack/test_cluster.py
+# checks) and below the ephemeral range, so they run at once; member 1 listens on each plus 100.
 PORTS = {
-    "APISERVER": 26443,
-    "ETCD": 27790,
-    "ETCD_PEER": 27800,
-    "CONTROLLER_MANAGER": 20257,
-    "SCHEDULER": 20259,
-    "KWOK": 20247,
+    "APISERVER": 19443,
+    "ETCD": 19379,
+    "ETCD_PEER": 19380,
+    "CONTROLLER_MANAGER": 19257,
+    "SCHEDULER": 19259,
+    "KWOK": 19247,
 }
 
 

@@ -36,8 +36,10 @@ CHECK_EVERY_SECONDS = 0.5
 # an error, and a watch can stay open on a peer that no longer answers.
 PROBE_SECONDS = 1.0
 START_RETRY_SECONDS = 2.0
-# How long the watching waits on one release of a lost lease before looking at the members again.
+# How long a chore waits on one write to a member (a lost lease's release, a share) before moving on.
 RELEASE_SECONDS = 5.0
+# Shares are given out once every member has started, or this long after the gateway began.
+SHARE_AFTER_SECONDS = 30.0
 
 T = TypeVar("T")
 
@@ -80,8 +82,9 @@ class FleetBackend(IndexedReads):
     say which member holds them), filed in one shared index: a shelf holds every member's warm
     sandboxes of a pool and image, and an acquire spills from a member that is short to the others
     with no routing of its own. Writes go to the member that holds the sandbox. Losing a member
-    withdraws its warm sandboxes and ends its leases with a clear error; its own ledgers keep its
-    leases, so nothing is leased twice when it comes back.
+    withdraws its warm sandboxes, ends its leases with a clear error and gives its share of every
+    pool's warm target to the others; its own ledgers keep its leases, so nothing is leased twice
+    when it comes back, and the ones lost with it are released then.
     """
 
     def __init__(
@@ -103,6 +106,8 @@ class FleetBackend(IndexedReads):
         self.home = next(iter(self.members.values())).backend  # reviews, policies and peers live there
         self.synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._chores: asyncio.Task[None] | None = None
+        self._born = clock()
 
     # -- the members ---------------------------------------------------------------------------
 
@@ -156,15 +161,28 @@ class FleetBackend(IndexedReads):
             await asyncio.sleep(CHECK_EVERY_SECONDS)
 
     async def _look(self) -> None:
-        """Probe every started member at once; bring health, shelves, lost leases and shares up to date."""
+        """Probe every started member at once; bring health and shelves up to date, then the rest."""
         started = [m for m in self.members.values() if m.started]
         answers = await asyncio.gather(*(self._answers(m) for m in started))
         now = self.clock()
         for member, answered in zip(started, answers, strict=True):
             self._check(member, answered and member.backend.connected, now)
-            if member.ended and member.serving:
-                await self._end_lost_leases(member)
-        await self._share_out()
+        # Writes to the members run beside the looking, so a slow member never delays a loss.
+        if self._chores is None or self._chores.done():
+            self._chores = asyncio.create_task(self._do_chores(now))
+
+    async def _do_chores(self, now: float) -> None:
+        """Release what was lost with a member that is back; tell the members their shares."""
+        try:
+            for member in self.members.values():
+                if member.ended and member.serving:
+                    await self._end_lost_leases(member)
+            # Not before every member has had its chance to start: each would take the whole
+            # target and give most of it back a moment later.
+            if all(m.started for m in self.members.values()) or now - self._born >= SHARE_AFTER_SECONDS:
+                await self._share_out()
+        except Exception:
+            log.exception("a chore on the member clusters failed; trying again at the next look")
 
     async def _share_out(self) -> None:
         """Tell each serving member its share of every pool's warm target, where it holds another."""
@@ -230,9 +248,10 @@ class FleetBackend(IndexedReads):
         return [s for s in self.index.in_pool() if s.cluster == member.name]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._chores] if self._chores is not None else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for member in self.members.values():

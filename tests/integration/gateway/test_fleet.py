@@ -35,15 +35,15 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "manifests" / "crds"
 NAMESPACE = "fleet"
-# Clear of the shared test cluster's, the fault suites' and the lifecycle test's ports (and below the
-# ephemeral range); member 1 listens on each plus 100.
+# Clear of every other cluster the tests and benchmarks start (tests/unit/hack/test_cluster.py checks)
+# and below the ephemeral range; member 1 listens on each plus 100.
 PORTS = {
-    "APISERVER": 24443,
-    "ETCD": 25790,
-    "ETCD_PEER": 25800,
-    "CONTROLLER_MANAGER": 22257,
-    "SCHEDULER": 22259,
-    "KWOK": 22247,
+    "APISERVER": 21443,
+    "ETCD": 21379,
+    "ETCD_PEER": 21380,
+    "CONTROLLER_MANAGER": 21257,
+    "SCHEDULER": 21259,
+    "KWOK": 21247,
 }
 # What the product promises a holder of a lease on a lost member (issue #17): an error within 15 s.
 LOST_WITHIN_SECONDS = 15.0
