@@ -30,14 +30,13 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from kubebench import IMAGE, REPO, Cluster, Gateway, Operator, wait
+from kubebench import REPO, Cluster, Gateway, Operator, pool_manifest, wait
 from localbench import log
 
 NAME = "fleet"
@@ -107,43 +106,16 @@ def start_members(count: int, warm_per_member: int, workdir: Path) -> list[Membe
         cluster = Cluster(separate=True, separate_env=dict(FLEET_ENV))
         cluster.kubeconfig = Path(hack("kubeconfig", "--member", str(index)))
         cluster.kubectl_bin = kubectl_bin
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        cluster.apply(
-            {
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "metadata": {"name": "gvisor"},
-                "handler": "runsc",
-            }
-        )
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        wait(has_serviceaccount(cluster), 60, "the default ServiceAccount")
+        cluster.install()
+        cluster.create_namespace(NAMESPACE)
         state_dir = base if index == 0 else base.with_name(f"{base.name}-m{index}")
         member = Member(f"m{index}", REGIONS[index], cluster, state_dir)
         # One pool, the fleet's whole warm target in every member: the gateway gives each its share.
-        cluster.apply(pool_manifest(warm_per_member * count, member.region), NAMESPACE)
+        cluster.apply(pool_manifest("python", warm_per_member * count, [member.region]), NAMESPACE)
         member.operator = Operator(cluster, NAMESPACE, workdir / f"operator-{member.name}.log")
         member.operator.start()
         members.append(member)
     return members
-
-
-def has_serviceaccount(cluster: Cluster) -> Callable[[], bool]:
-    return lambda: bool(cluster.kubectl("-n", NAMESPACE, "get", "serviceaccount", "-o", "name").strip())
-
-
-def pool_manifest(replicas: int, region: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "sandfleet.dev/v1alpha1",
-        "kind": "SandboxPool",
-        "metadata": {"name": "python"},
-        "spec": {
-            "replicas": replicas,
-            "regions": [{"name": region, "maxSandboxes": 100000}],
-            "template": {"image": IMAGE, "imagePullPolicy": "Never", "readinessDeadlineSeconds": 600},
-        },
-    }
 
 
 def client(url: str) -> httpx.Client:

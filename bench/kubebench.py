@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,10 @@ class Cluster:
             self._hack("up")
         self.kubeconfig = Path(self._hack("kubeconfig"))
         self.kubectl_bin = Path(self._hack("bin-dir")) / "kubectl"
+        self.install()
+
+    def install(self) -> None:
+        """What every benchmark's cluster needs: sandfleet's CRDs (established), the gvisor RuntimeClass."""
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "manifests" / "crds"))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         self.apply(
@@ -124,7 +128,11 @@ class Cluster:
         self.kubectl(*ns, "apply", "-f", "-", stdin=json.dumps(manifest))
 
     def namespace(self, prefix: str) -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        """A new namespace named `prefix`-<random>, ready for Pods."""
+        return self.create_namespace(f"{prefix}-{uuid.uuid4().hex[:8]}")
+
+    def create_namespace(self, name: str) -> str:
+        """Namespace `name`, ready for Pods (its default ServiceAccount made)."""
         self.kubectl("create", "namespace", name)
         wait(
             lambda: bool(self.kubectl("-n", name, "get", "serviceaccount", "-o", "name").strip()),
@@ -221,15 +229,16 @@ class Operator:
         return values["VmRSS"], values["VmHWM"]
 
 
-def pool_manifest(name: str, replicas: int) -> dict[str, Any]:
-    regions = [{"name": r, "maxSandboxes": 100000} for r in ("us-east1", "europe-west4", "asia-southeast1")]
+def pool_manifest(
+    name: str, replicas: int, regions: Sequence[str] = ("us-east1", "europe-west4", "asia-southeast1")
+) -> dict[str, Any]:
     return {
         "apiVersion": "sandfleet.dev/v1alpha1",
         "kind": "SandboxPool",
         "metadata": {"name": name},
         "spec": {
             "replicas": replicas,
-            "regions": regions,
+            "regions": [{"name": r, "maxSandboxes": 100000} for r in regions],
             "template": {"image": IMAGE, "imagePullPolicy": "Never", "readinessDeadlineSeconds": 600},
         },
     }

@@ -286,16 +286,12 @@ class FleetBackend(IndexedReads):
         def lost() -> MemberLost:
             if end:
                 member.ended.add(lease_id)
-            return MemberLost(self._lost_detail(lease_id, member.name))
+            return MemberLost(
+                f"lease {lease_id!r} is on member cluster {member.name!r}, which the gateway cannot "
+                "reach: the lease is lost with it; acquire a new one (the other members serve)"
+            )
 
         return lost
-
-    @staticmethod
-    def _lost_detail(lease_id: str, cluster: str) -> str:
-        return (
-            f"lease {lease_id!r} is on member cluster {cluster!r}, which the gateway cannot reach: "
-            "the lease is lost with it; acquire a new one (the other members serve)"
-        )
 
     # -- Backend: reads (the shared index) ---------------------------------------------------
 
@@ -340,7 +336,7 @@ class FleetBackend(IndexedReads):
         if member is None or not member.started:
             return None
         if lease_id in member.ended:
-            raise MemberLost(self._lost_detail(lease_id, cluster))
+            raise self._lost(lease_id, member)()
         return await self._unless_lost(member, member.backend.fresh(lease_id), self._lost(lease_id, member))
 
     async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:

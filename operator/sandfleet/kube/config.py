@@ -30,13 +30,7 @@ async def load_configuration() -> Configuration:
     configuration = Configuration()
     paths = kubeconfig_paths()
     if paths:
-        try:
-            await config.load_kube_config(
-                config_file=os.pathsep.join(paths), client_configuration=configuration
-            )
-        except (config.ConfigException, OSError, ValueError) as error:
-            raise KubeConfigError(f"cannot use the kubeconfig {os.pathsep.join(paths)}: {error}") from None
-        return configuration
+        return await load_configuration_from(os.pathsep.join(paths))
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException as error:
@@ -47,8 +41,8 @@ async def load_configuration() -> Configuration:
     return configuration
 
 
-async def load_configuration_from(kubeconfig: Path) -> Configuration:
-    """The API client configuration of one kubeconfig file (a fleet member's); KubeConfigError if unusable."""
+async def load_configuration_from(kubeconfig: str | Path) -> Configuration:
+    """The API client configuration of a kubeconfig (a path list too); KubeConfigError if unusable."""
     configuration = Configuration()
     try:
         await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)

@@ -224,6 +224,15 @@ def spill_over_and_lose_a_member(members: list[Member], fleet_gateway: str, prom
     ran = client.post(f"/v1/leases/{near['id']}/exec", json={"argv": ["echo", "hello from m1"]})
     assert ran.status_code == 200, ran.text
     assert ran.json()["stdout"] == "hello from m1\n"
+    # A second tenant cannot reach it through the fleet: not read, run in, nor released.
+    with httpx.Client(base_url=fleet_gateway, headers={"Authorization": "Bearer other-token"}) as other:
+        for method, path, body in (
+            ("GET", f"/v1/leases/{near['id']}", None),
+            ("POST", f"/v1/leases/{near['id']}/exec", {"argv": ["true"]}),
+            ("DELETE", f"/v1/leases/{near['id']}", None),
+        ):
+            refused = other.request(method, path, json=body)
+            assert refused.status_code == 403, (method, path, refused.text)
 
     # Spillover: a group larger than member 1's warm europe-west4 takes the rest from member 0.
     group = acquire(client, 8, regions=["europe-west4"]).raise_for_status().json()["leases"]

@@ -14,28 +14,29 @@ router = APIRouter(tags=["pools"])
 
 
 def pool_view(pool: PoolInfo, sandboxes: list[SandboxPod], waiting: int) -> PoolView:
-    """A pool as listed: its spec, and how many of its sandboxes are warm and leased, in all and per place."""
-    places: dict[tuple[str, str], list[SandboxPod]] = {}
+    """A pool as listed: its spec, and how many of its sandboxes are warm and leased, per place and in all."""
+    by_place: dict[tuple[str, str], list[SandboxPod]] = {}
     for sandbox in sandboxes:
-        places.setdefault((sandbox.cluster, sandbox.region or ""), []).append(sandbox)
+        by_place.setdefault((sandbox.cluster, sandbox.region), []).append(sandbox)
+    places = [
+        PlaceView(
+            cluster=cluster,
+            region=region,
+            warm=sum(s.warm for s in found),
+            leased=sum(s.state == api.LEASE_LEASED for s in found),
+        )
+        for (cluster, region), found in sorted(by_place.items())
+    ]
     return PoolView(
         name=pool.name,
         regions=list(pool.regions),
         image=pool.image,
-        warm=sum(s.warm for s in sandboxes),
-        leased=sum(s.state == api.LEASE_LEASED for s in sandboxes),
+        warm=sum(p.warm for p in places),
+        leased=sum(p.leased for p in places),
         waiting=waiting,
         default_ttl_seconds=pool.default_ttl_seconds,
         max_ttl_seconds=pool.max_ttl_seconds,
-        places=[
-            PlaceView(
-                cluster=cluster,
-                region=region,
-                warm=sum(s.warm for s in found),
-                leased=sum(s.state == api.LEASE_LEASED for s in found),
-            )
-            for (cluster, region), found in sorted(places.items())
-        ],
+        places=places,
     )
 
 
