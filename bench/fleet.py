@@ -263,8 +263,9 @@ def loss(url: str, members: list[Member], warm: int, workers: int, seconds: floa
             os.kill(lost.apiserver_pid(), signal.SIGCONT)
         log(NAME, f"thawed {lost.name}; waiting for the shares to return")
         thawed = time.monotonic()
-        share = f"{round(1 / len(members), 6):g}"
-        wait(lambda: all(m.share() == share for m in members), 120, "the shares back", interval=0.5)
+        equal = 1 / len(members)  # equal weights, every member with room: a third each again
+        wait(lambda: all(abs(float(m.share() or 0) - equal) < 1e-6 for m in members), 120, "the shares back",
+             interval=0.5)  # fmt: skip
         shares_back = time.monotonic() - thawed
     cycles: Counter[str] = Counter()
     for load in loads:

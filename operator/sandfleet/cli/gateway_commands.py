@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,11 +49,25 @@ def gateway(
             help="Hand out this replica's own share of the warm Pods first [default: share].",
         ),
     ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="The name of the cluster this gateway runs in, for its metrics' `cluster` label (in a "
+            "fleet, the name the fleet gateway's --member gives it) [default: default].",
+        ),
+    ] = None,
     member: Annotated[
         list[str] | None,
         typer.Option(
             help="Serve one fleet over several clusters: NAME=KUBECONFIG per member cluster (repeatable; "
             "NAME a DNS label that lease ids carry). Without it: the one cluster of the kubeconfig.",
+        ),
+    ] = None,
+    member_weight: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=WEIGHT: a member's weight in the split of each pool's warm target (repeatable; "
+            "default 1 each). A member's share is also held to what its nodes can take.",
         ),
     ] = None,
 ) -> None:
@@ -79,14 +94,17 @@ def gateway(
         "agent_key_file": agent_key_file,
         "insecure_no_agent_key": insecure_no_agent_key,
         "share_warm": share_warm,
+        "cluster": cluster,
         "members": parse_members(member or []) or None,
+        "member_weights": parse_weights(member_weight or []) or None,
     }
     # Only flags actually given are passed, so the environment fills in the rest.
     try:
         settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as error:
         first = error.errors()[0]
-        raise typer.BadParameter(f"{first['loc'][0]}: {first['msg']}") from None
+        where = f"{first['loc'][0]}: " if first["loc"] else ""
+        raise typer.BadParameter(f"{where}{first['msg']}") from None
     try:
         run(settings)
     except AgentKeyError as error:
@@ -107,3 +125,20 @@ def parse_members(values: list[str]) -> dict[str, Path]:
             raise typer.BadParameter(f"--member {name!r} is given twice: each member cluster once")
         members[name] = Path(kubeconfig).expanduser()
     return members
+
+
+def parse_weights(values: list[str]) -> dict[str, float]:
+    """`--member-weight NAME=WEIGHT` flags as {name: weight}; BadParameter naming the bad one."""
+    weights: dict[str, float] = {}
+    for value in values:
+        name, equals, number = value.partition("=")
+        try:
+            weight = float(number)
+        except ValueError:
+            weight = float("nan")
+        if not equals or not name or not (weight > 0 and math.isfinite(weight)):
+            raise typer.BadParameter(
+                f"--member-weight {value!r}: write NAME=WEIGHT with a number above 0, e.g. eu1=2"
+            )
+        weights[name] = weight
+    return weights

@@ -41,6 +41,13 @@ def operator(
         envvar="SANDFLEET_OPERATOR_RUNTIME_CLASSES",
         help="A RuntimeClass pools may name (repeatable); a pool naming another gets no sandboxes.",
     ),
+    cluster: str = typer.Option(
+        "default",
+        "--cluster",
+        envvar="SANDFLEET_CLUSTER",
+        help="The name of this cluster, the `cluster` label of every metric (in a fleet, the name the "
+        "fleet gateway's --member gives it).",
+    ),
 ) -> None:
     """Run the operator (kubeconfig or in-cluster config)."""
     from sandfleet.controller.main import OperatorConfigError, read_agent_key, run
@@ -59,6 +66,7 @@ def operator(
             liveness_endpoint=liveness,
             agent_key=key,
             runtime_classes=[c for value in runtime_class for c in value.split(",") if c],
+            cluster=cluster,
         )
     except KubeConfigError as error:
         typer.echo(f"sandfleet operator: {error}", err=True)

@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 from sandfleet.controller import handlers  # noqa: F401  (registers the kopf handlers)
 from sandfleet.controller.fleet import Operator, OperatorSettings
 from sandfleet.controller.kube import Kube, connect
+from sandfleet.controller.metrics import DEFAULT_CLUSTER, cluster_registry
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 from sandfleet.core.ledger import DEFAULT_SHARDS
 
@@ -54,6 +55,7 @@ def run(
     *,
     agent_key: bytes,
     runtime_classes: Sequence[str] = ("gvisor",),
+    cluster: str = DEFAULT_CLUSTER,
 ) -> None:
     """Run the operator until SIGINT/SIGTERM; watch `namespaces`, or every namespace when empty."""
     logging.basicConfig(
@@ -64,7 +66,7 @@ def run(
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     port = metrics_port if metrics_port is not None else int(os.environ.get("SANDFLEET_METRICS_PORT", "8080"))
     if port:
-        start_http_server(port)
+        start_http_server(port, registry=cluster_registry(cluster))  # every series: cluster=<name>
     identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     settings = OperatorSettings(
         namespaces=tuple(namespaces),

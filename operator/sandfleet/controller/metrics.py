@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_LABELS, STARTUP_METRIC
 
@@ -40,3 +44,32 @@ POD_OPERATIONS = Counter(
 LEADER = Gauge("sandfleet_operator_leader", "1 while this replica holds the leader lease.")
 
 STATES = ("warm", "starting", "leased", "failed")
+DEFAULT_CLUSTER = "default"
+
+
+class ClusterLabelled(Collector):
+    """Every family `source` collects, each sample with `cluster=<name>` added (or set).
+
+    One fleet's operators are scraped by one Prometheus: the label says which member cluster a
+    series is from, without every metric above declaring it.
+    """
+
+    def __init__(self, source: Collector, cluster: str) -> None:
+        self.source = source
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [
+                sample._replace(labels={**sample.labels, "cluster": self.cluster})
+                for sample in family.samples
+            ]
+            yield labelled
+
+
+def cluster_registry(cluster: str, source: Collector = REGISTRY) -> CollectorRegistry:
+    """What the operator's /metrics serves: the default registry's metrics, labelled with `cluster`."""
+    registry = CollectorRegistry()
+    registry.register(ClusterLabelled(source, cluster))
+    return registry

@@ -52,18 +52,69 @@ def split_count(count: int, members: int) -> list[int]:
     return [each + (index < extra) for index in range(members)]
 
 
-def member_shares(serving: Mapping[str, bool]) -> dict[str, float]:
-    """Each serving member's share of a pool's warm target: equal, so a lost member's moves to the rest.
+@dataclass(frozen=True)
+class MemberOffer:
+    """What one serving member can take of a pool: its weight, and room for that many sandboxes now."""
 
-    Members that do not serve get none here (nobody can write to them; their own operators keep the
-    share they were last given until they are back and told again).
+    weight: float = 1.0
+    # The most warm sandboxes of the pool it can hold now (those on its nodes plus what its nodes
+    # still fit, as its operator last wrote in the pool's status); None while unknown: no limit.
+    room: int | None = None
+
+
+def member_shares(replicas: int, offers: Mapping[str, MemberOffer]) -> dict[str, float]:
+    """Each serving member's share of a pool's `replicas`: by weight, each held to its room.
+
+    What a member has no room for moves to the others by weight (water-filling), so a member short
+    of nodes, like a lost one, gives its part up. When every member is full, what is left is split by
+    weight anyway: each then reports itself capacity-limited, which is the truth. With no replicas,
+    shares follow the weights alone. Members that do not serve are not in `offers`: nobody can write
+    to them, and their own operators keep the share they were last given until told again.
     """
-    up = sorted(name for name, serves in serving.items() if serves)
-    return {name: round(1.0 / len(up), 6) for name in up}
+    if not offers:
+        return {}
+    if any(offer.weight <= 0 for offer in offers.values()):
+        raise ValueError("a member's weight must be above 0")
+    if replicas <= 0:
+        total = sum(offer.weight for offer in offers.values())
+        return {name: _up(offer.weight / total) for name, offer in sorted(offers.items())}
+    allotted: dict[str, float] = {}
+    open_ = sorted(offers)
+    left = float(replicas)
+    while open_:
+        total = sum(offers[name].weight for name in open_)
+        full = [
+            name
+            for name in open_
+            if (room := offers[name].room) is not None and room < left * offers[name].weight / total
+        ]
+        if not full:
+            allotted.update({name: left * offers[name].weight / total for name in open_})
+            break
+        for name in full:
+            allotted[name] = float(offers[name].room or 0)
+            left -= allotted[name]
+            open_.remove(name)
+    else:
+        total = sum(offer.weight for offer in offers.values())
+        for name, offer in offers.items():
+            allotted[name] += left * offer.weight / total
+    return {name: _up(allotted[name] / replicas) for name in sorted(offers)}
+
+
+def _up(share: float) -> float:
+    """`share` rounded up in the ninth digit.
+
+    So ceil(replicas x share) never keeps one too few, nor (below a million replicas) one more than
+    the member's room.
+    """
+    return math.ceil(share * 1e9 - 1e-6) / 1e9
 
 
 def share_of(replicas: int, share: float | None) -> int:
     """A member's part of a pool's `replicas` (rounded up, so the members together keep at least all)."""
     if share is None:
         return replicas
-    return math.ceil(replicas * share - 1e-9)
+    # The share was rounded up by under replicas x 1e-9 (a thousandth of a sandbox below a million
+    # replicas): that is no sandbox more.
+    return math.ceil(replicas * share - 1e-3)

@@ -114,6 +114,7 @@ class RegionStatus:
     starting: int
     failed: int
     capacity: int
+    unscheduled: int = 0  # of the starting ones, those with no node yet
 
 
 @dataclass(frozen=True)
@@ -544,6 +545,7 @@ def _region_statuses(
             starting=sum(len(v) for v in regions[name].starting.values()),
             failed=regions[name].failed,
             capacity=sum(max(0, n) for n in capacity.get(name, RegionCapacity()).zones.values()),
+            unscheduled=sum(1 for group in regions[name].starting.values() for s in group if s.node is None),
         )
         for name in specs
     )

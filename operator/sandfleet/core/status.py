@@ -120,6 +120,7 @@ def pool_status(pool: PoolSpec, plan: PoolPlan, conditions: Sequence[Mapping[str
                 "starting": r.starting,
                 "failed": r.failed,
                 "capacity": r.capacity,
+                "unscheduled": r.unscheduled,
             }
             for r in plan.regions
         ],

@@ -19,7 +19,7 @@ from sandfleet.gateway.backend import Backend
 from sandfleet.gateway.guard import Guard
 from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.links import add_links
-from sandfleet.gateway.metrics import GatewayMetrics
+from sandfleet.gateway.metrics import DEFAULT_CLUSTER, GatewayMetrics
 from sandfleet.gateway.proxy import AgentProxy
 from sandfleet.gateway.routes import e2b, health, leases, pools, runs, sandboxes
 from sandfleet.gateway.routes.deps import Parts
@@ -48,6 +48,7 @@ class Runtime:
     tenancy: TenantSettings | None = None  # run owners, body caps and timeouts; defaults when None
     collectors: tuple[Collector, ...] = ()  # the runtime's own metrics, served beside the gateway's
     peers: Peers | None = None  # the other replicas of this gateway; none (alone) when None
+    cluster: str = DEFAULT_CLUSTER  # the cluster it runs in: metrics' `cluster` where no member is named
 
 
 class RequestMetrics:
@@ -80,7 +81,7 @@ class GatewayApp(FastAPI):
 
 def assemble(runtime: Runtime, tenancy: TenantSettings) -> Parts:
     """The objects the routes share, built from the runtime (defaults where it gives none)."""
-    metrics = GatewayMetrics(metric_runs=tenancy.metric_runs)
+    metrics = GatewayMetrics(metric_runs=tenancy.metric_runs, cluster=runtime.cluster)
     for collector in runtime.collectors:
         metrics.registry.register(collector)
     capacity = runtime.capacity or CapacitySettings()

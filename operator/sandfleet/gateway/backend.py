@@ -14,6 +14,10 @@ from sandfleet.core.recycle import RecyclePolicy
 from sandfleet.core.warm_index import WarmIndex, WarmShelves
 
 
+class RuntimeAway(RuntimeError):
+    """No cluster behind the gateway can answer now (every fleet member lost): a 503 to retry."""
+
+
 @dataclass(frozen=True)
 class PoolInfo:
     """The parts of a SandboxPool the gateway uses."""
@@ -39,6 +43,11 @@ class PoolInfo:
     store: str = api.STORE_LEDGER
     # Its FLEET_SHARE_ANNOTATION: the share of its warm target a fleet gateway gave this member.
     fleet_share: float | None = None
+    # spec.replicas: the warm target a fleet splits over its members.
+    replicas: int = 0
+    # The most sandboxes this cluster can hold for the pool now, from its operator's status (what
+    # it holds plus what its nodes still fit); None until the operator has said.
+    room: int | None = None
 
     def serves(self, image: str) -> bool:
         """Whether `image` is the template's or one of `served_images` (compared by image key)."""

@@ -14,10 +14,10 @@ from typing import TypeVar
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sandfleet.core.fleet import MemberHealth, member_shares, observe, split_count, withdraw
+from sandfleet.core.fleet import MemberHealth, MemberOffer, member_shares, observe, split_count, withdraw
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod, lease_cluster, sandbox_key
-from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
+from sandfleet.gateway.backend import IndexedReads, PoolInfo, RuntimeAway, SandboxIndex
 from sandfleet.gateway.kube import KubeBackend
 from sandfleet.gateway.leasing import LeaseGone, SandboxWithdrawn
 from sandfleet.gateway.recycling import AgentResets
@@ -71,7 +71,7 @@ class MemberLost(LeaseGone):
     """A lease on a member cluster the gateway cannot reach: lost with it (the client sees 410)."""
 
 
-class NoMemberServes(RuntimeError):
+class NoMemberServes(RuntimeAway):
     """Every member cluster is lost or still starting (a 503 to retry)."""
 
 
@@ -93,10 +93,12 @@ class FleetBackend(IndexedReads):
         connects: Mapping[str, Callable[[], Awaitable[ApiClient]]],
         resets: AgentResets | None = None,
         clock: Callable[[], float] = time.monotonic,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         if not connects:
             raise ValueError("a fleet needs at least one member cluster")
         self.namespace = namespace
+        self.weights = dict(weights or {})  # member -> its weight in each pool's split (default 1)
         self.index = SandboxIndex()
         self.clock = clock
         self.members = {
@@ -185,18 +187,28 @@ class FleetBackend(IndexedReads):
             log.exception("a chore on the member clusters failed; trying again at the next look")
 
     async def _share_out(self) -> None:
-        """Tell each serving member its share of every pool's warm target, where it holds another."""
-        shares = member_shares({name: m.serving for name, m in self.members.items()})
-        for name, share in shares.items():
-            member = self.members[name]
-            for pool in member.backend.pools():
-                if pool.fleet_share == share:
+        """Tell each serving member its share of every pool's warm target, where it holds another.
+
+        A pool's shares follow the members' weights, each held to the room its operator reports
+        (`member_shares`), so a member short of nodes gives the rest of its part to the others.
+        """
+        serving = [m for m in self.members.values() if m.serving]
+        names = sorted({info.name for m in serving for info in m.backend.pools()})
+        for pool in names:
+            infos = {m.name: info for m in serving if (info := m.backend.pool(pool)) is not None}
+            offers = {
+                name: MemberOffer(self.weights.get(name, 1.0), info.room) for name, info in infos.items()
+            }
+            replicas = max(info.replicas for info in infos.values())
+            for name, share in member_shares(replicas, offers).items():
+                if infos[name].fleet_share == share:
                     continue
                 try:
-                    await asyncio.wait_for(member.backend.set_fleet_share(pool.name, share), RELEASE_SECONDS)
+                    await asyncio.wait_for(
+                        self.members[name].backend.set_fleet_share(pool, share), RELEASE_SECONDS
+                    )
                 except Exception as error:  # tried again at the next look
-                    log.warning("could not give member %s its share of pool %s: %s", name, pool.name, error)
-                    break
+                    log.warning("could not give member %s its share of pool %s: %s", name, pool, error)
 
     @staticmethod
     async def _answers(member: Member) -> bool:
@@ -297,6 +309,7 @@ class FleetBackend(IndexedReads):
 
     def pool(self, name: str) -> PoolInfo | None:
         """The pool as the serving members hold it together: their regions, the sum of their maxima."""
+        self._some_member_serves()
         found = [info for m in self.members.values() if m.serving and (info := m.backend.pool(name))]
         if not found:
             return None
@@ -306,8 +319,14 @@ class FleetBackend(IndexedReads):
         )
 
     def pools(self) -> list[PoolInfo]:
+        self._some_member_serves()
         names = {info.name for m in self.members.values() if m.serving for info in m.backend.pools()}
         return [pool for pool in map(self.pool, sorted(names)) if pool is not None]
+
+    def _some_member_serves(self) -> None:
+        """NoMemberServes when none does: a pool is then unreachable (503), not unknown (404)."""
+        if not any(m.serving for m in self.members.values()):
+            raise NoMemberServes("no member cluster of the fleet is reachable now: retry shortly")
 
     def sandboxes(self, pool: str | None = None) -> list[SandboxPod]:
         """Those of the members that serve: a lost member's are neither listed, counted nor released."""
@@ -340,13 +359,27 @@ class FleetBackend(IndexedReads):
         return await self._unless_lost(member, member.backend.fresh(lease_id), self._lost(lease_id, member))
 
     async def refresh_keyed(self, holder: str, idempotency_key: str, pool: str) -> None:
+        """Each serving member's ledgers read for the key; one that is lost meanwhile is skipped.
+
+        A partitioned member never answers: its read ends when the member is lost (within
+        LOST_AFTER_SECONDS and a probe), as a claim on it does. Whatever it held under the key was
+        lost with it (its holder hears 410, and it is released when the member is back).
+        """
         serving = [m for m in self.members.values() if m.serving]
-        results = await asyncio.gather(
-            *(m.backend.refresh_keyed(holder, idempotency_key, pool) for m in serving), return_exceptions=True
+
+        def lost() -> MemberLost:
+            return MemberLost("lost while its ledgers were read")  # never reaches a caller
+
+        reads = (
+            self._unless_lost(m, m.backend.refresh_keyed(holder, idempotency_key, pool), lost)
+            for m in serving
         )
+        results = await asyncio.gather(*reads, return_exceptions=True)
         for member, result in zip(serving, results, strict=True):
-            # A member that is down holds no lease this retry could find; one that answers, does.
-            if isinstance(result, Exception) and member.backend.connected:
+            # A member lost or down holds no lease this retry could use; one that answers, does.
+            if isinstance(result, MemberLost) or not isinstance(result, Exception):
+                continue
+            if member.serving and member.backend.connected:
                 raise result
 
     # -- Backend: writes (to the member that holds the sandbox) ------------------------------
@@ -392,9 +425,8 @@ class FleetBackend(IndexedReads):
 
     async def prefetch(self, pool: str, image: str, count: int, ttl_seconds: int) -> str:
         """Split evenly over the serving members: any of them may serve the leases that follow."""
+        self._some_member_serves()
         serving = [m.backend for m in self.members.values() if m.serving]
-        if not serving:
-            raise NoMemberServes("no member cluster of the fleet is reachable: retry shortly")
         shares = [(b, n) for b, n in zip(serving, split_count(count, len(serving)), strict=True) if n]
         names = await asyncio.gather(*(b.prefetch(pool, image, n, ttl_seconds) for b, n in shares))
         return names[0]

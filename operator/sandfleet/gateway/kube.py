@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,7 +59,27 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
         recycle=pool.recycle,
         store=pool.lease.store,
         fleet_share=pool.fleet_share,
+        replicas=pool.replicas,
+        room=pool_room(obj.get("status") or {}, pool.max_sandboxes),
     )
+
+
+def pool_room(status: Mapping[str, Any], max_sandboxes: int) -> int | None:
+    """How many warm sandboxes of the pool this cluster can hold now, from its operator's status.
+
+    Its warm ones on nodes plus its regions' free slots. Leased sandboxes are not counted (a warm
+    target is on top of them; their nodes' slots are already taken), nor Pods no node has taken:
+    a member short of nodes would otherwise keep its share by creating Pods that wait. None while
+    the operator has written no per-region capacity yet.
+    """
+    regions = status.get("regions") or []
+    if not regions or any("capacity" not in r for r in regions):
+        return None
+    placed = sum(int(r.get("ready") or 0) + int(r.get("starting") or 0) - int(r.get("unscheduled") or 0)
+                 for r in regions)  # fmt: skip
+    leased = sum(int(r.get("leased") or 0) for r in regions)
+    free = sum(max(int(r["capacity"]), 0) for r in regions)
+    return max(0, min(max_sandboxes - leased, placed + free))
 
 
 class KubeBackend(IndexedReads):
@@ -292,7 +312,8 @@ class KubeBackend(IndexedReads):
     async def set_fleet_share(self, pool: str, share: float) -> None:
         """Give this member `share` of `pool`'s warm target (a fleet gateway's; its operator reads it)."""
         path = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{self.namespace}/{api.POOL_PLURAL}/{pool}"
-        body = {"metadata": {"annotations": {api.FLEET_SHARE_ANNOTATION: f"{share:g}"}}}
+        # Ten digits: the share is rounded in the ninth, and must read back as the same number.
+        body = {"metadata": {"annotations": {api.FLEET_SHARE_ANNOTATION: f"{share:.10g}"}}}
         await self.kube.send("PATCH", path, body=body, content_type=MERGE_PATCH)
 
     # -- reviews for authentication and authorization -----------------------------------------

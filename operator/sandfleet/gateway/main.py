@@ -16,6 +16,7 @@ from sandfleet.gateway.fleet import FleetBackend
 from sandfleet.gateway.kube import POOL_SIZE, KubeBackend, connect
 from sandfleet.gateway.kube_members import ReplicasGauge, default_identity
 from sandfleet.gateway.kube_policy import ConfigMapPolicyStore
+from sandfleet.gateway.metrics import ClusterUp
 from sandfleet.gateway.recycling import AgentResets
 from sandfleet.gateway.run_peers import KubePeers
 from sandfleet.gateway.serving import guarded_protocol
@@ -37,7 +38,8 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
     backend: KubeBackend | FleetBackend
     if settings.members:
         # Replicas of a fleet gateway do not split the warm sandboxes among themselves (yet).
-        backend = FleetBackend(settings.namespace, member_connects(settings.members), resets=resets)
+        connects = member_connects(settings.members)
+        backend = FleetBackend(settings.namespace, connects, resets=resets, weights=settings.member_weights)
     else:
         backend = KubeBackend(
             settings.namespace,
@@ -46,6 +48,10 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
             replica=default_identity() if settings.share_warm else None,
             resets=resets,
         )
+
+    def ready() -> bool:
+        return backend.synced.is_set() and backend.connected
+
     reviews = settings.auth == "kubernetes"
     tenancy = TenantSettings()
     authenticator = Authenticator(
@@ -60,7 +66,7 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
     runtime = Runtime(
         backend=backend,
         authenticator=authenticator,
-        ready=lambda: backend.synced.is_set() and backend.connected,
+        ready=ready,
         start=backend.start,
         stop=backend.stop,
         agent_key=agent_key,
@@ -71,9 +77,10 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         collectors=(
             ReplicasGauge(backend.replicas),
             *resets.metrics(),
-            *([backend.metrics()] if isinstance(backend, FleetBackend) else []),
+            backend.metrics() if isinstance(backend, FleetBackend) else ClusterUp(settings.cluster, ready),
         ),
         peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
+        cluster=settings.cluster,
     )
     return create_app(runtime)
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from sandfleet import __version__
 
 OTHER_RUNS = "other"
+# The `cluster` label of a gateway that was given no name for its cluster (the chart's clusterName).
+DEFAULT_CLUSTER = "default"
+MEMBER_UP = "sandfleet_gateway_member_up"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -50,20 +56,25 @@ class GatewayMetrics:
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     metric_runs: int = 50  # runs with their own loop-phase series (see RunLabels)
+    # The cluster this gateway runs in: the `cluster` label wherever no member cluster holds the
+    # sandbox (every sandbox of a single-cluster gateway, and refused acquires, which have none).
+    cluster: str = DEFAULT_CLUSTER
 
     def __post_init__(self) -> None:
         r = self.registry
         self.lease_wait = Histogram(
             "sandfleet_lease_wait_seconds",
-            "Time from an acquire request to its lease (or its failure).",
-            ["pool", "result"],
+            "Time from an acquire request to its lease (or its failure), observed once per member"
+            " cluster that holds its sandboxes; a refused acquire is the gateway's own cluster's.",
+            ["pool", "result", "cluster"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.acquisitions = Counter(
             "sandfleet_lease_acquisitions_total",
-            "Lease acquisitions by outcome: warm_hit, queued, cold, rejected.",
-            ["pool", "result"],
+            "Sandboxes leased by outcome (warm_hit, queued, cold) and by the member cluster that holds"
+            " them; rejected: asked for and refused, counted in the gateway's own cluster.",
+            ["pool", "result", "cluster"],
             registry=r,
         )
         self.leases_active = Gauge(
@@ -71,7 +82,8 @@ class GatewayMetrics:
         )
         self.exec_seconds = Histogram(
             "sandfleet_exec_seconds",
-            "Duration of exec calls proxied to sandboxes.",
+            "Duration of exec calls proxied to sandboxes, by the cluster that holds the sandbox.",
+            ["cluster"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -112,3 +124,47 @@ class GatewayMetrics:
         Info("sandfleet_build", "sandfleet build information.", registry=r).info(
             {"version": __version__, "component": "gateway"}
         )
+
+    def cluster_of(self, sandbox_cluster: str) -> str:
+        """The `cluster` label of a sandbox's member cluster ("": the gateway's only one, its own)."""
+        return sandbox_cluster or self.cluster
+
+    def granted(self, pool: str, result: str, clusters: Iterable[str], seconds: float) -> None:
+        """An acquire's grant: its sandboxes counted per member cluster, its wait once in each."""
+        counts: dict[str, int] = {}
+        for cluster in map(self.cluster_of, clusters):
+            counts[cluster] = counts.get(cluster, 0) + 1
+        for cluster, count in (counts or {self.cluster: 0}).items():
+            self.acquisitions.labels(pool, result, cluster).inc(count)
+            self.lease_wait.labels(pool, result, cluster).observe(seconds)
+
+    def refused(self, pool: str, result: str, count: int, seconds: float) -> None:
+        """An acquire that got nothing (`result` says why): no member holds it, so our own cluster."""
+        self.acquisitions.labels(pool, "rejected", self.cluster).inc(count)
+        self.lease_wait.labels(pool, result, self.cluster).observe(seconds)
+
+    def executed(self, sandbox_cluster: str, seconds: float) -> None:
+        """An exec the agent of a sandbox in `sandbox_cluster` ran for `seconds`."""
+        self.exec_seconds.labels(self.cluster_of(sandbox_cluster)).observe(seconds)
+
+
+class ClusterUp(Collector):
+    """`sandfleet_gateway_member_up{cluster}` for a gateway over one cluster, as a fleet's per member.
+
+    A fleet gateway has its own (gateway.fleet.MembersGauge); this one lets one dashboard row show
+    single-cluster gateways too.
+    """
+
+    def __init__(self, cluster: str, serving: Callable[[], bool]) -> None:
+        self.cluster = cluster
+        self.serving = serving
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            MEMBER_UP,
+            "1 while the gateway's cluster serves (synced and connected); 0 while it is cut off or"
+            " still starting.",
+            labels=["cluster"],
+        )
+        gauge.add_metric([self.cluster], 1.0 if self.serving() else 0.0)
+        yield gauge

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandfleet.core.quotas import Quotas
 from sandfleet.gateway.guard import BodyLimits
+from sandfleet.gateway.metrics import DEFAULT_CLUSTER
 from sandfleet.gateway.models import MAX_ACQUIRE
 
 # A member cluster's name goes into lease ids and metric labels: a DNS label, as a namespace is.
@@ -48,6 +50,16 @@ class GatewaySettings(BaseSettings):
         description="Serve one fleet over several member clusters: member name -> its kubeconfig "
         "(each runs its own operator). Empty: the one cluster of the kubeconfig or in-cluster identity.",
     )
+    member_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="A member's weight in the split of every pool's warm target (default 1; its share "
+        "is also held to what its nodes can take, the rest moving to the others).",
+    )
+    cluster: str = Field(
+        DEFAULT_CLUSTER,
+        description="The name of the cluster this gateway runs in (the chart's clusterName): the "
+        "`cluster` label of its metrics where no --member names the sandbox's cluster.",
+    )
     share_warm: bool = Field(
         True,
         description="Find the other replicas (coordination Leases) and hand out this replica's own "
@@ -64,6 +76,25 @@ class GatewaySettings(BaseSettings):
                     "letters, digits, '-'; a letter or digit at each end): lease ids carry it"
                 )
         return members
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, cluster: str) -> str:
+        if not MEMBER_NAME.fullmatch(cluster):
+            raise ValueError(
+                f"cluster name {cluster!r} must be a DNS label of at most 32 characters, as a member's "
+                "name is: in a fleet it is the name the fleet gateway gives this cluster with --member"
+            )
+        return cluster
+
+    @model_validator(mode="after")
+    def _weights_name_members(self) -> GatewaySettings:
+        for name, weight in self.member_weights.items():
+            if name not in self.members:
+                raise ValueError(f"member_weights names {name!r}, which no --member names: give it one")
+            if not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"member {name!r}'s weight {weight} must be a finite number above 0")
+        return self
 
 
 class CapacitySettings(BaseSettings):

@@ -68,6 +68,19 @@ class OperatorProcess:
             self.process.wait(timeout=10)
 
 
+def spawn_operator(
+    kubeconfig: Path, namespace: str, log_path: Path, key_file: Path, **env: str
+) -> OperatorProcess:
+    """`sandfleet operator -n <namespace>` on `kubeconfig`, logging to `log_path` (`env` added)."""
+    port = free_port()
+    environment = {**os.environ, "KUBECONFIG": str(kubeconfig), OPERATOR_KEY_ENV: str(key_file), **env}
+    argv = [str(SANDFLEET), "operator", "-n", namespace, "--metrics-port", str(port)]
+    argv += ["--leader-lease-seconds", "3"]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=REPO)
+    return OperatorProcess(process, log_path, port)
+
+
 @pytest.fixture
 def start_operator(
     kubectl: Kubectl, namespace: str, tmp_path: Path, runtime_class: str
@@ -76,31 +89,8 @@ def start_operator(
     started: list[OperatorProcess] = []
 
     def start() -> OperatorProcess:
-        port = free_port()
         log_path = tmp_path / f"operator-{len(started)}.log"
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(kubectl.kubeconfig),
-            OPERATOR_KEY_ENV: str(fleet_key_file(tmp_path)),
-        }
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    str(SANDFLEET),
-                    "operator",
-                    "-n",
-                    namespace,
-                    "--metrics-port",
-                    str(port),
-                    "--leader-lease-seconds",
-                    "3",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-            )
-        handle = OperatorProcess(process, log_path, port)
+        handle = spawn_operator(kubectl.kubeconfig, namespace, log_path, fleet_key_file(tmp_path))
         started.append(handle)
         return handle
 

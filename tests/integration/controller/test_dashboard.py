@@ -3,8 +3,8 @@
 Debian's prometheus scrapes the operator and the gateway (over the real apiserver, kwok nodes)
 while a little real traffic runs in two waves, a scrape apart, so every counter and histogram
 grows between scrapes and rate() has something to say. Each panel query is then asked with the
-dashboard's default variables (All) and with one concrete pool, region and run: `.*` alone would
-also match a label the metric does not have.
+dashboard's default variables (All) and with one concrete cluster, pool, region and run: `.*`
+alone would also match a label the metric does not have.
 
 No panel needs a real node: spin-up is read from the Pods' own timestamps, which kwok writes as
 a kubelet would (in whole seconds, so here every phase lands in the lowest bucket).
@@ -42,13 +42,22 @@ BOUND = 1  # policy versions an episode may lag
 # What Grafana would put in. $__rate_interval is at least four scrapes there; 2m spans the whole
 # test here (about 20 s from the first wave to the queries), so every wave's increase is in it.
 BUILTINS = {"__rate_interval": "2m", "__interval": "1s", "__range": "2m"}
-ALL = {"pool": ".*", "region": ".*", "run": ".*"}  # each variable's allValue, the dashboard's default
-CONCRETE = {"pool": POOL, "region": REGION, "run": RUN}
+# Each variable's allValue, the dashboard's default.
+ALL = {"cluster": ".*", "pool": ".*", "region": ".*", "run": ".*"}
+# The operator and the gateway here run with the default cluster name (the chart's clusterName).
+CONCRETE = {"cluster": "default", "pool": POOL, "region": REGION, "run": RUN}
 
 
-def traffic(client: httpx.Client, exec_lease: str, version: int) -> None:
+def traffic(
+    client: httpx.Client,
+    exec_lease: str,
+    version: int,
+    pool: str = POOL,
+    region: str = REGION,
+    run: str = RUN,
+) -> None:
     """One wave: warm leases of the current policy, execs, loop spans, a refused stale acquire, releases."""
-    acquire = {"pool": POOL, "regions": [REGION], "labels": {"run": RUN}, "policy_version": version}
+    acquire = {"pool": pool, "regions": [region], "labels": {"run": run}, "policy_version": version}
     leases = [client.post("/v1/leases", json=acquire) for _ in range(2)]
     assert [r.status_code for r in leases] == [201, 201], [r.text for r in leases]
     for command in ("true", "echo hi"):
@@ -60,7 +69,7 @@ def traffic(client: httpx.Client, exec_lease: str, version: int) -> None:
         {"phase": "generate", "start": now - 2, "end": now - 1},
         {"phase": "train", "start": now - 1, "end": now, "source": "learner"},
     ]
-    reported = client.post(f"/v1/runs/{RUN}/spans", json={"spans": spans, "dropped_stale": 1})
+    reported = client.post(f"/v1/runs/{run}/spans", json={"spans": spans, "dropped_stale": 1})
     assert reported.status_code == 200, reported.text
     stale = client.post(
         "/v1/leases", json={**acquire, "policy_version": version - BOUND - 1, "wait_seconds": 0}
@@ -68,7 +77,7 @@ def traffic(client: httpx.Client, exec_lease: str, version: int) -> None:
     assert stale.status_code == 409, stale.text
     assert stale.json()["error"] == "policy_stale", stale.text
     # The learner moves on before the episodes end: each ends one version stale.
-    published = client.post(f"/v1/runs/{RUN}/policy", json={"version": version + 1})
+    published = client.post(f"/v1/runs/{run}/policy", json={"version": version + 1})
     assert published.status_code == 200, published.text
     for lease in leases:
         lease_id = lease.json()["leases"][0]["id"]
@@ -90,20 +99,25 @@ def finite(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in samples if math.isfinite(float(s["value"][1]))]
 
 
-def ask_every_query(prometheus: Prometheus, board: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """(what was checked, what returned nothing): variables, then each panel query in both passes."""
+def ask_every_query(
+    prometheus: Prometheus, board: Mapping[str, Any], concrete: Mapping[str, str] = CONCRETE
+) -> tuple[list[str], list[str]]:
+    """(what was checked, what returned nothing): variables, then each panel query in both passes.
+
+    `concrete`: the one value of each variable the second pass asks with (a fleet's test names a member).
+    """
     queries = panel_queries(board)
     assert sorted(q.expr for q in queries) == sorted(every_expr(board)), "a query the panel walk missed"
     checked, empty = [], []
     for variable in variable_queries(board):
-        assert variable.name in CONCRETE, f"new variable ${variable.name}: give it a value in CONCRETE"
+        assert variable.name in concrete, f"new variable ${variable.name}: give it a value in CONCRETE"
         match = substitute(variable.match, {**ALL, **BUILTINS})
         values = prometheus.label_values(variable.label, match)
         line = f"variable ${variable.name} = label_values({match}, {variable.label}): {values}"
         checked.append(line)
-        if CONCRETE[variable.name] not in values:
-            empty.append(f"{line} (no {CONCRETE[variable.name]!r})")
-    for name, chosen in (("All", ALL), ("concrete", CONCRETE)):
+        if concrete[variable.name] not in values:
+            empty.append(f"{line} (no {concrete[variable.name]!r})")
+    for name, chosen in (("All", ALL), ("concrete", concrete)):
         for query in queries:
             expr = substitute(query.expr, {**chosen, **BUILTINS})
             samples = prometheus.query(expr)

@@ -65,8 +65,9 @@ def test_fills_every_region_to_its_weighted_target_across_zones(
 
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as response:
         metrics = response.read().decode()
-    assert 'sandfleet_sandboxes{pool="python",region="us-east1",state="warm"} 8.0' in metrics
-    assert 'sandfleet_sandbox_startup_seconds_count{phase="total",pool="python"' in metrics
+    warm = 'sandfleet_sandboxes{cluster="default",pool="python",region="us-east1",state="warm"} 8.0'
+    assert warm in metrics
+    assert 'sandfleet_sandbox_startup_seconds_count{cluster="default",phase="total",pool="python"' in metrics
     assert "sandfleet_operator_reconciles_total" in metrics
 
 

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "manifests" / "crds"
 NAMESPACE = "fleet"
 # Clear of every other cluster the tests and benchmarks start (tests/unit/hack/test_cluster.py checks)
-# and below the ephemeral range; member 1 listens on each plus 100.
+# and below the ephemeral range; member i listens on each plus i x 100 (at most 3 members here).
 PORTS = {
     "APISERVER": 21443,
     "ETCD": 21379,
@@ -70,19 +70,21 @@ def has_default_serviceaccount(admin: Kubectl) -> Callable[[], bool]:
     return lambda: admin.run("-n", NAMESPACE, "get", "serviceaccount", "default").returncode == 0
 
 
-@pytest.fixture
-def members(tmp_path: Path) -> Iterator[list[Member]]:
-    """Two member clusters side by side (`hack/cluster up --clusters 2`), each with the pool `python`."""
+@contextlib.contextmanager
+def member_clusters(
+    tmp_path: Path, count: int, pool: dict[str, Any], nodes: int = 6
+) -> Iterator[list[Member]]:
+    """`count` member clusters side by side (`hack/cluster up --clusters N`), each with `pool`."""
     state_dir = tmp_path / "cluster"
     env = dict(os.environ, SANDFLEET_CLUSTER_DIR=str(state_dir))
     env.update({f"SANDFLEET_{name}_PORT": str(port) for name, port in PORTS.items()})
     found: list[Member] = []
     try:
-        up = hack_cluster(env, "up", "--clusters", "2", "--nodes", "6", "--gpu-nodes", "0")
+        up = hack_cluster(env, "up", "--clusters", str(count), "--nodes", str(nodes), "--gpu-nodes", "0")
         if up.returncode != 0:
-            pytest.fail(f"two member clusters did not start:\n{up.stderr[-4000:]}")
+            pytest.fail(f"{count} member clusters did not start:\n{up.stderr[-4000:]}")
         kubectl = Path(hack_cluster(env, "bin-dir").stdout.strip()) / "kubectl"
-        for index in range(2):
+        for index in range(count):
             kubeconfig = Path(hack_cluster(env, "kubeconfig", "--member", str(index)).stdout.strip())
             admin = Kubectl(kubectl, kubeconfig)
             admin("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
@@ -92,9 +94,9 @@ def members(tmp_path: Path) -> Iterator[list[Member]]:
                 has_default_serviceaccount(admin), timeout=30, what=f"member {index}'s default ServiceAccount"
             )
             kube = admin.in_namespace(NAMESPACE)
-            kube.apply(pool_manifest("python"))
+            kube.apply(pool)
             member_dir = state_dir if index == 0 else state_dir.with_name(f"cluster-m{index}")
-            found.append(Member(f"m{index}", kubeconfig, Pool(kube, "python"), member_dir))
+            found.append(Member(f"m{index}", kubeconfig, Pool(kube, pool["metadata"]["name"]), member_dir))
         yield found
     finally:
         for member in found:  # a frozen apiserver would not stop on SIGTERM
@@ -104,10 +106,15 @@ def members(tmp_path: Path) -> Iterator[list[Member]]:
 
 
 @pytest.fixture
-def fleet_gateway(members: list[Member], tmp_path: Path, agent: int) -> Iterator[str]:
-    """A gateway over both members (`--member m0=... --member m1=...`); its URL."""
-    # Member 1 holds the only us-east1 sandbox, whose address is a real agent on loopback.
-    loopback_sandbox(members[1].pool, agent)
+def members(tmp_path: Path) -> Iterator[list[Member]]:
+    """Two member clusters, each with the pool `python` (its sandboxes added by the test)."""
+    with member_clusters(tmp_path, 2, pool_manifest("python")) as found:
+        yield found
+
+
+@contextlib.contextmanager
+def running_fleet_gateway(members: list[Member], tmp_path: Path, *args: str) -> Iterator[str]:
+    """A gateway over `members` (`--member m0=... --member m1=...`, then `args`); its URL."""
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKENS)
     port = free_port()
@@ -117,7 +124,7 @@ def fleet_gateway(members: list[Member], tmp_path: Path, agent: int) -> Iterator
         "--host", "127.0.0.1", "--port", str(port), "--namespace", NAMESPACE,
         "--auth", "static", "--token-file", str(tokens),
         "--agent-key-file", str(fleet_key_file(tmp_path)),
-        *(f"--member={m.name}={m.kubeconfig}" for m in members),
+        *(f"--member={m.name}={m.kubeconfig}" for m in members), *args,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}  # the members' own, only
     with log.open("wb") as out:
@@ -134,6 +141,15 @@ def fleet_gateway(members: list[Member], tmp_path: Path, agent: int) -> Iterator
             process.kill()
             process.wait()
         print(log.read_text()[-3000:])  # shown when the test fails
+
+
+@pytest.fixture
+def fleet_gateway(members: list[Member], tmp_path: Path, agent: int) -> Iterator[str]:
+    """A gateway over both members; its URL."""
+    # Member 1 holds the only us-east1 sandbox, whose address is a real agent on loopback.
+    loopback_sandbox(members[1].pool, agent)
+    with running_fleet_gateway(members, tmp_path) as url:
+        yield url
 
 
 def places(client: httpx.Client) -> dict[tuple[str, str], tuple[int, int]]:

@@ -328,7 +328,7 @@ def test_metrics_follow_the_product_names(pool: Pool, start_gateway: GatewayFact
     with gateway.client() as client:
         assert acquire(client).status_code == 201
         text = client.get("/metrics").text
-    assert 'sandfleet_lease_acquisitions_total{pool="python",result="warm_hit"} 1.0' in text
+    assert 'sandfleet_lease_acquisitions_total{cluster="default",pool="python",result="warm_hit"} 1.0' in text
     assert "sandfleet_lease_wait_seconds_bucket" in text
     assert "sandfleet_leases_active 1.0" in text
     assert 'sandfleet_gateway_request_duration_seconds_count{method="POST",route="/v1/leases"}' in text

@@ -80,3 +80,42 @@ def test_a_member_given_twice_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     result = CliRunner().invoke(app, ["gateway", "--member", "a=/x", "--member", "a=/y"], terminal_width=200)
     assert result.exit_code == 2
     assert "twice" in result.output
+
+
+def test_member_weights_are_name_equals_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["--member", "eu1=/k/eu1.yaml", "--member", "us2=/k/us2.yaml", "--member-weight", "eu1=2.5"]
+    assert _settings(monkeypatch, args, {}).member_weights == {"eu1": 2.5}
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--member", "a=/x", "--member-weight", "a"], "NAME=WEIGHT"),
+        (["--member", "a=/x", "--member-weight", "a=0"], "above 0"),
+        (["--member", "a=/x", "--member-weight", "a=nan"], "above 0"),
+        (["--member", "a=/x", "--member-weight", "b=2"], "no --member names"),
+    ],
+)
+def test_a_bad_member_weight_is_a_usage_error_saying_what_to_write(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
+) -> None:
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    result = CliRunner().invoke(app, ["gateway", *args], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.replace("│", " ").split())  # unboxed and unwrapped
+    assert "Traceback" not in result.output
+
+
+def test_the_cluster_name_is_a_flag_or_the_environment_and_defaults_to_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _settings(monkeypatch, [], {}).cluster == "default"
+    assert _settings(monkeypatch, [], {"SANDFLEET_GATEWAY_CLUSTER": "eu1"}).cluster == "eu1"
+    assert _settings(monkeypatch, ["--cluster", "us2"], {"SANDFLEET_GATEWAY_CLUSTER": "eu1"}).cluster == "us2"
+
+
+def test_a_cluster_name_that_no_member_could_have_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    result = CliRunner().invoke(app, ["gateway", "--cluster", "EU_1"], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert "DNS label" in " ".join(result.output.replace("│", " ").split())

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.fleet import MemberHealth, member_shares, observe, share_of, split_count, withdraw
+from sandfleet.core.fleet import (
+    MemberHealth,
+    MemberOffer,
+    member_shares,
+    observe,
+    share_of,
+    split_count,
+    withdraw,
+)
 
 LOST_AFTER = 3.0
 
@@ -87,20 +95,52 @@ def test_a_count_needs_a_member() -> None:
         split_count(3, 0)
 
 
-def test_serving_members_share_a_pools_warm_target_equally() -> None:
-    assert member_shares({"m0": True, "m1": True, "m2": True}) == {
-        "m0": 0.333333,
-        "m1": 0.333333,
-        "m2": 0.333333,
-    }
-    assert member_shares({"m0": True, "m1": False}) == {"m0": 1.0}  # a lost member's share moves
-    assert member_shares({"m0": False}) == {}
+def test_members_of_equal_weight_and_no_known_limit_share_equally() -> None:
+    three = {name: MemberOffer() for name in ("m0", "m1", "m2")}
+    assert member_shares(30, three) == {"m0": 0.333333334, "m1": 0.333333334, "m2": 0.333333334}
+    assert member_shares(30, {"m0": MemberOffer()}) == {"m0": 1.0}  # a lost member's share moves
+    assert member_shares(30, {}) == {}
 
 
-@given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=9))
-def test_the_members_shares_keep_at_least_the_whole_target(replicas: int, members: int) -> None:
-    shares = member_shares({f"m{i}": True for i in range(members)})
-    kept = [share_of(replicas, share) for share in shares.values()]
-    assert sum(kept) >= replicas
-    assert sum(kept) <= replicas + members  # rounding up costs at most one each
+def test_shares_follow_the_weights() -> None:
+    offers = {"big": MemberOffer(weight=3), "small": MemberOffer()}
+    assert member_shares(40, offers) == {"big": 0.75, "small": 0.25}
+    assert member_shares(0, offers) == {"big": 0.75, "small": 0.25}
+
+
+def test_a_member_short_of_room_keeps_what_fits_and_the_rest_moves_to_the_others() -> None:
+    offers = {"m0": MemberOffer(), "m1": MemberOffer(room=2), "m2": MemberOffer(weight=3)}
+    shares = member_shares(30, offers)
+    assert [share_of(30, shares[m]) for m in ("m0", "m1", "m2")] == [7, 2, 21]
+
+
+def test_when_every_member_is_full_the_rest_is_split_by_weight_anyway() -> None:
+    offers = {"m0": MemberOffer(room=4), "m1": MemberOffer(room=2)}
+    shares = member_shares(12, offers)
+    assert [share_of(12, shares[m]) for m in ("m0", "m1")] == [7, 5]
+
+
+def test_a_weight_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="above 0"):
+        member_shares(3, {"m0": MemberOffer(weight=0)})
+
+
+offer = st.builds(
+    MemberOffer,
+    weight=st.sampled_from([0.5, 1.0, 2.0, 3.0, 10.0]),
+    room=st.none() | st.integers(min_value=0, max_value=20_000),
+)
+
+
+@given(st.integers(min_value=0, max_value=100_000), st.lists(offer, min_size=1, max_size=9))
+def test_the_members_shares_keep_at_least_the_whole_target(replicas: int, offers: list[MemberOffer]) -> None:
+    shares = member_shares(replicas, {f"m{i}": o for i, o in enumerate(offers)})
+    kept = {name: share_of(replicas, share) for name, share in shares.items()}
+    assert sum(kept.values()) >= replicas
+    assert sum(kept.values()) <= replicas + len(offers)  # rounding up costs at most one each
+    room = sum(o.room if o.room is not None else replicas for o in offers)
+    if room >= replicas:  # where the whole target fits, nobody is given more than its room
+        for index, o in enumerate(offers):
+            if o.room is not None:
+                assert kept[f"m{index}"] <= o.room
     assert share_of(replicas, None) == replicas

@@ -150,6 +150,13 @@ def test_an_unscheduled_sandbox_pinned_to_a_zone_without_nodes_is_replaced_at_on
     assert result.failures.streak == 0  # the image is not to blame
 
 
+def test_a_regions_status_counts_the_starting_sandboxes_no_node_has_taken() -> None:
+    placed = sandbox("us", ready=False, created_at=99.0)
+    waiting = [sandbox("us", ready=False, node=None, zone="us-a", created_at=99.0) for _ in range(2)]
+    (us,) = run(pool(3, [RegionSpec("us")]), [placed, *waiting], now=100.0).regions
+    assert (us.starting, us.unscheduled) == (3, 2)
+
+
 def test_broken_image_degrades_and_backs_off_instead_of_churning() -> None:
     p = pool(5, [RegionSpec("us")])
     stuck = [sandbox("us", ready=False, created_at=0.0) for _ in range(5)]

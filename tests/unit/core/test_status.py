@@ -72,4 +72,5 @@ def test_pool_status_has_scale_fields_and_per_region_counts() -> None:
         "starting": 0,
         "failed": 0,
         "capacity": 10,
+        "unscheduled": 0,
     }

@@ -96,7 +96,8 @@ async def test_the_gateway_reports_boot_in_timings_the_profile_and_metrics(tmp_p
         assert phases["boot"]["count"] == 1
         assert phases["boot"]["total_seconds"] > 0.15
         metrics = (await client.get("/metrics")).text
-        assert 'sandfleet_lease_acquisitions_total{pool="python",result="cold"} 1.0' in metrics
+        cold = 'sandfleet_lease_acquisitions_total{cluster="default",pool="python",result="cold"} 1.0'
+        assert cold in metrics
 
 
 def test_runs_lay_queue_boot_and_claim_end_to_end() -> None:

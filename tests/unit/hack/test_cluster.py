@@ -59,7 +59,7 @@ def test_the_clusters_of_the_tests_and_benchmarks_share_no_port(bench_modules: N
         "lifecycle test (2 members)": _env_ports(
             {f"{k}_PORT": str(v) for k, v in test_cluster_lifecycle.PORTS.items()}, 2
         ),
-        "fleet test (2 members)": _env_ports({f"{k}_PORT": str(v) for k, v in test_fleet.PORTS.items()}, 2),
+        "fleet tests (3 members)": _env_ports({f"{k}_PORT": str(v) for k, v in test_fleet.PORTS.items()}, 3),
         "real node": _env_ports(REAL_NODE_TEST_ENV),
         "benchmarks": _env_ports(kubebench.BENCH_CLUSTER_ENV),
         "scale benchmark": _env_ports(kubebench.SCALE_CLUSTER_ENV),

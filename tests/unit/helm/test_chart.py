@@ -27,7 +27,7 @@ from sandfleet.core.leases import (
 from sandfleet.core.model import pool_from_object
 from sandfleet.core.pods import sandbox_pod
 from sandfleet.gateway.app import ROUTERS
-from sandfleet.gateway.metrics import GatewayMetrics
+from sandfleet.gateway.metrics import ClusterUp, GatewayMetrics
 from tests.unit.helm.chart import (
     CHART,
     EVERYTHING,
@@ -210,6 +210,18 @@ def test_gateway_deployment_probes_and_flags() -> None:
         {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
     ]
     assert named(docs, "PodDisruptionBudget", "sandfleet-gateway")["spec"]["minAvailable"] == 1
+
+
+@pytest.mark.parametrize(("args", "cluster"), [([], "default"), (["--set", "clusterName=eu1"], "eu1")])
+def test_the_cluster_name_labels_the_operators_and_the_gateways_metrics(
+    args: list[str], cluster: str
+) -> None:
+    env = {
+        name: {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        for name, pod in pod_templates(render(*args)).items()
+    }
+    assert env["sandfleet-operator"]["SANDFLEET_CLUSTER"] == cluster
+    assert env["sandfleet-gateway"]["SANDFLEET_GATEWAY_CLUSTER"] == cluster
 
 
 def test_a_gateway_audience_reaches_the_gateway_and_the_rl_tokens() -> None:
@@ -406,6 +418,7 @@ def test_every_sandfleet_container_line_parses_with_the_real_cli(monkeypatch: py
             parsed[name] = cli_params([*container["command"], *container.get("args", [])], env, scoped)
     assert parsed["sandfleet-operator"]["namespace"] == ["sandfleet"]
     assert parsed["sandfleet-operator"]["liveness"] == "http://0.0.0.0:8081/healthz"
+    assert parsed["sandfleet-operator"]["cluster"] == "default"
     assert parsed["sandfleet-gateway"]["auth"] == "kubernetes"
     assert parsed["sandfleet-learner"]["host"] == "0.0.0.0"
     assert parsed["sandfleet-learner"]["port"] == 8500
@@ -571,10 +584,11 @@ def test_a_fleet_gateway_mounts_each_members_kubeconfig_and_reaches_it() -> None
     docs = render_everything()
     pod = named(docs, "Deployment", "sandfleet-gateway")["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    members = [a for a in container["args"] if a.startswith("--member=")]
+    members = [a for a in container["args"] if a.startswith("--member")]
     assert members == [
         "--member=eu1=/etc/sandfleet/members/eu1/kubeconfig",
         "--member=us2=/etc/sandfleet/members/us2/config",
+        "--member-weight=us2=2.5",
     ]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -644,6 +658,7 @@ BAD_VALUES = [
         ["--set-json", 'gateway.members=[{"name": "EU_1", "secretName": "m"}]'],
         "at '/gateway/members/0/name'",
     ),
+    (["--set", "clusterName=EU_1"], "at '/clusterName'"),
 ]
 
 
@@ -809,6 +824,7 @@ def test_network_policies_can_be_turned_off() -> None:
 def exposed_metric_names() -> set[str]:
     """Every series name the operator and the gateway can expose, from their real definitions."""
     families = list(GatewayMetrics(registry=CollectorRegistry()).registry.collect())
+    families += list(ClusterUp("default", lambda: True).collect())  # a fleet's MembersGauge: the same
     families += [
         next(iter(value.describe()))
         for value in vars(operator_metrics).values()
@@ -857,6 +873,52 @@ def test_dashboard_has_the_panels_the_brief_asks_for() -> None:
     assert "by (le, phase)" in exprs
     assert "by (region, state)" in exprs
     assert len({p["gridPos"]["y"] * 100 + p["gridPos"]["x"] for p in board["panels"]}) == len(board["panels"])
+
+
+# The gateway's series that carry `cluster` (every operator series does: controller.metrics.ClusterLabelled).
+GATEWAY_CLUSTER_METRICS = {
+    "sandfleet_lease_wait_seconds",
+    "sandfleet_lease_acquisitions_total",
+    "sandfleet_exec_seconds",
+    "sandfleet_gateway_member_up",
+}
+
+
+def test_dashboard_filters_every_series_with_a_cluster_label_by_the_cluster_variable() -> None:
+    board = dashboard()
+    variables = [v["name"] for v in board["templating"]["list"] if v["type"] == "query"]
+    assert variables[0] == "cluster", "the cluster variable comes first: the pools are chosen within it"
+    operator = {
+        next(iter(m.describe())).name
+        for m in vars(operator_metrics).values()
+        if isinstance(m, MetricWrapperBase)
+    }
+    labelled = GATEWAY_CLUSTER_METRICS | operator
+    unfiltered = []
+    for expr in queries(board):
+        if expr == "label_values(sandfleet_sandboxes, cluster)":
+            continue  # the variable itself
+        for name, selector in re.findall(r"\b(sandfleet_[a-z_]+)(\{[^}]*\})?", expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            if (base in labelled or name in labelled) and 'cluster=~"$cluster"' not in selector:
+                unfiltered.append(f"{name}{selector} in {expr}")
+    assert not unfiltered, "series not filtered by $cluster:\n" + "\n".join(unfiltered)
+    clusters = dashboard_panels(board, "Clusters")
+    assert len(clusters) == 4
+    split = [t["expr"] for p in clusters for t in p["targets"] if "member_up" not in t["expr"]]
+    assert split
+    assert all(re.search(r"by \([^)]*\bcluster\b", expr) for expr in split), split
+
+
+def dashboard_panels(board: dict[str, Any], row: str) -> list[dict[str, Any]]:
+    """The panels under `row` (an expanded row's: those after it, up to the next row)."""
+    found, current = [], None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = panel["title"]
+        elif current == row:
+            found.append(panel)
+    return found
 
 
 def test_dashboard_ships_in_a_configmap_for_the_grafana_sidecar() -> None:

@@ -15,6 +15,7 @@ from sandfleet.core.profile import ProfileError
 from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import NotAllowed, Unauthenticated
+from sandfleet.gateway.backend import RuntimeAway
 from sandfleet.gateway.disconnect import ClientGone
 from sandfleet.gateway.leasing import (
     KeyReused,
@@ -62,6 +63,7 @@ PROBLEMS: dict[type[Exception], tuple[int, str]] = {
     ProfileError: (422, "invalid_span"),
     SandboxUnreachable: (502, "sandbox_lost"),
     ClientGone: (499, "client_closed_request"),  # nobody reads it: the connection is gone
+    RuntimeAway: (503, "unavailable"),
 }
 
 
@@ -107,6 +109,8 @@ async def listed(_: Request, error: Exception) -> JSONResponse:
     response = problem(status, code, str(error))
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
+    if status == 503:
+        response.headers["Retry-After"] = "2"
     return response
 
 

@@ -102,12 +102,10 @@ async def acquire(body: AcquireRequest, who: Authed, http: Request, shared: Part
         # A caller who hangs up leaves the queue, and whatever was claimed for it goes back.
         granted = await unless_disconnected(http, shared.service.acquire(request))
     except REFUSED as error:
-        metrics.acquisitions.labels(request.pool, "rejected").inc(body.count)
-        metrics.lease_wait.labels(request.pool, refused_result(error)).observe(time.perf_counter() - started)
+        metrics.refused(request.pool, refused_result(error), body.count, time.perf_counter() - started)
         raise
     result, total = granted_result(granted), time.perf_counter() - started
-    metrics.acquisitions.labels(request.pool, result).inc(len(granted.leases))
-    metrics.lease_wait.labels(request.pool, result).observe(total)
+    metrics.granted(request.pool, result, [sandbox.cluster for _, sandbox in granted.leases], total)
     leases = [lease for lease, _ in granted.leases]
     shared.runs.leased(leases, granted.queue_seconds, granted.claim_seconds, granted.boot_seconds)
     return acquire_response(granted, body.count, total)

@@ -73,7 +73,7 @@ async def forward(
         request, url, agent_path, stream=stream, sandbox=sandbox.name, episode=sandbox.episodes
     )
     if agent_path.startswith("/v1/exec"):
-        shared.metrics.exec_seconds.observe(agent_seconds)
+        shared.metrics.executed(sandbox.cluster, agent_seconds)
     # Every call counts (idle is the time between calls).
     shared.runs.exec_done(lease_id, started_wall, agent_seconds, agent_phase(agent_path))
     total = (time.perf_counter() - started) * 1000
