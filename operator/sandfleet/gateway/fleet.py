@@ -68,7 +68,11 @@ class Member:
 
 
 class MemberLost(LeaseGone):
-    """A lease on a member cluster the gateway cannot reach: lost with it (the client sees 410)."""
+    """A lease on a member cluster the gateway cannot reach: lost with it (its holder sees 410)."""
+
+    def __init__(self, message: str, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class NoMemberServes(RuntimeAway):
@@ -298,9 +302,12 @@ class FleetBackend(IndexedReads):
         def lost() -> MemberLost:
             if end:
                 member.ended.add(lease_id)
+            found = self.index.get(sandbox_key(lease_id))
+            held = found.lease if found is not None and found.lease is not None else None
             return MemberLost(
                 f"lease {lease_id!r} is on member cluster {member.name!r}, which the gateway cannot "
-                "reach: the lease is lost with it; acquire a new one (the other members serve)"
+                "reach: the lease is lost with it; acquire a new one (the other members serve)",
+                holder=held.holder if held is not None and held.id == lease_id else None,
             )
 
         return lost

@@ -49,6 +49,10 @@ class LeaseGone(LookupError):
     The client sees `LeaseEnded`; `sandfleet.kube.errors.Gone` is the apiserver's 410.
     """
 
+    # Who held it, where the backend raising it knows better than the caller's view (a lease lost
+    # with its fleet member): only that holder is told why, so a stranger learns nothing of the member.
+    holder: str | None = None
+
 
 class SandboxWithdrawn(RuntimeError):
     """A claim the backend gave up on, nobody getting the sandbox: its cluster is away.
@@ -722,7 +726,16 @@ class LeaseService:
         if sandbox is None or sandbox.lease is None or sandbox.lease.id != lease_id:
             # Not (yet) a lease here: another replica may have just granted it and our watch lags
             # behind, so the source of truth decides before a holder is told its lease is unknown.
-            sandbox = await self.backend.fresh(lease_id)
+            try:
+                sandbox = await self.backend.fresh(lease_id)
+            except LeaseGone as gone:
+                if holder is None or gone.holder == holder:
+                    raise
+                if gone.holder is None:
+                    raise UnknownName(
+                        f"no lease {lease_id!r}: it never existed or its sandbox is gone"
+                    ) from None
+                raise NotTheHolder(f"lease {lease_id!r} belongs to another caller") from None
         if sandbox is not None and _ended_episode(sandbox, lease_id, holder):
             raise LeaseGone(
                 f"lease {lease_id!r} was released and its sandbox reset for another episode; "

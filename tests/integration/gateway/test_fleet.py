@@ -280,6 +280,9 @@ def spill_over_and_lose_a_member(members: list[Member], fleet_gateway: str, prom
                         lost_after[lease_id] = time.monotonic() - frozen
             time.sleep(0.1)
         time.sleep(2)  # the load goes on against the survivor a while
+        with httpx.Client(base_url=fleet_gateway, headers={"Authorization": "Bearer other-token"}) as other:
+            stranger = other.get(f"/v1/leases/{near['id']}")
+            assert stranger.status_code == 403, stranger.text  # not told that member 1 is down
         assert set(places(client)) == {("m0", "asia-southeast1")}  # member 1 withdrawn from the view
         assert member_up(prometheus) == {"m0": 1.0, "m1": 0.0}
         wait_until(lambda: shares([m0]) == {"m0": "1"}, timeout=10, what="member 1's share moved to member 0")

@@ -9,7 +9,14 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
-from sandfleet.gateway.leasing import LeaseGone, LeaseService, PoolQueueFull, UnknownName, WaitTimeout
+from sandfleet.gateway.leasing import (
+    LeaseGone,
+    LeaseService,
+    NotTheHolder,
+    PoolQueueFull,
+    UnknownName,
+    WaitTimeout,
+)
 from tests.support.backends import POOL, MemoryBackend, request
 
 
@@ -198,3 +205,22 @@ async def test_a_group_passed_over_while_young_collects_once_due_without_any_cha
     backend.add("s2")
     granted = await asyncio.wait_for(group, 1)
     assert len(granted.leases) == 3
+
+
+class LostBackend(MemoryBackend):
+    """A backend whose every lease is lost with its cluster, held by `alice` (as a fleet's member)."""
+
+    async def fresh(self, lease_id: str) -> None:
+        gone = LeaseGone(f"lease {lease_id!r} is on a member cluster the gateway cannot reach")
+        gone.holder = "alice" if lease_id.startswith("known") else None
+        raise gone
+
+
+async def test_only_the_holder_hears_that_a_lease_was_lost_with_its_cluster() -> None:
+    service = LeaseService(LostBackend())
+    with pytest.raises(LeaseGone, match="cannot reach"):
+        await service.current("known.lease~1", "alice")
+    with pytest.raises(NotTheHolder):
+        await service.current("known.lease~1", "mallory")
+    with pytest.raises(UnknownName):
+        await service.current("unknown.lease~1", "mallory")
