@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -133,12 +132,9 @@ def parse_weights(values: list[str]) -> dict[str, float]:
     for value in values:
         name, equals, number = value.partition("=")
         try:
-            weight = float(number)
+            weights[name] = float(number)
         except ValueError:
-            weight = float("nan")
-        if not equals or not name or not (weight > 0 and math.isfinite(weight)):
-            raise typer.BadParameter(
-                f"--member-weight {value!r}: write NAME=WEIGHT with a number above 0, e.g. eu1=2"
-            )
-        weights[name] = weight
-    return weights
+            weights[name] = float("nan")  # refused below, with the rest
+        if not equals or not name:
+            raise typer.BadParameter(f"--member-weight {value!r}: write NAME=WEIGHT, e.g. eu1=2")
+    return weights  # each checked by GatewaySettings (a number above 0, naming a --member)

@@ -16,8 +16,9 @@ from prometheus_client import start_http_server
 from sandfleet.controller import handlers  # noqa: F401  (registers the kopf handlers)
 from sandfleet.controller.fleet import Operator, OperatorSettings
 from sandfleet.controller.kube import Kube, connect
-from sandfleet.controller.metrics import DEFAULT_CLUSTER, cluster_registry
+from sandfleet.controller.metrics import cluster_registry
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
+from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.core.ledger import DEFAULT_SHARDS
 
 

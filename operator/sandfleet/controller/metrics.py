@@ -44,7 +44,6 @@ POD_OPERATIONS = Counter(
 LEADER = Gauge("sandfleet_operator_leader", "1 while this replica holds the leader lease.")
 
 STATES = ("warm", "starting", "leased", "failed")
-DEFAULT_CLUSTER = "default"
 
 
 class ClusterLabelled(Collector):

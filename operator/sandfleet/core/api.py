@@ -81,5 +81,7 @@ RESERVED_ANNOTATION: Final = f"{GROUP}/reserved"
 # On a SandboxPool in a fleet's member cluster, written by the fleet gateway: the fraction (0 to 1) of
 # spec.replicas this member keeps warm (its share of the fleet's serving members; absent means all).
 FLEET_SHARE_ANNOTATION: Final = f"{GROUP}/fleet-share"
+# The `cluster` label of an operator or gateway given no name for its cluster (the chart's clusterName).
+DEFAULT_CLUSTER: Final = "default"
 
 SANDBOX_CONTAINER: Final = "sandbox"

@@ -14,12 +14,13 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandfleet import __version__
+from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.backend import Backend
 from sandfleet.gateway.guard import Guard
 from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.links import add_links
-from sandfleet.gateway.metrics import DEFAULT_CLUSTER, GatewayMetrics
+from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.proxy import AgentProxy
 from sandfleet.gateway.routes import e2b, health, leases, pools, runs, sandboxes
 from sandfleet.gateway.routes.deps import Parts

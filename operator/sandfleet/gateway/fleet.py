@@ -7,11 +7,10 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sandfleet.core.fleet import MemberHealth, MemberOffer, member_shares, observe, split_count, withdraw
@@ -20,6 +19,7 @@ from sandfleet.core.model import SandboxPod, lease_cluster, sandbox_key
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, RuntimeAway, SandboxIndex
 from sandfleet.gateway.kube import KubeBackend
 from sandfleet.gateway.leasing import LeaseGone, SandboxWithdrawn
+from sandfleet.gateway.metrics import ClusterUp
 from sandfleet.gateway.recycling import AgentResets
 from sandfleet.kube.client import KubeClient
 from sandfleet.kube.config import ApiClient
@@ -133,7 +133,7 @@ class FleetBackend(IndexedReads):
 
     def metrics(self) -> Collector:
         """`sandfleet_gateway_member_up{cluster}`: 1 while a member serves, 0 while lost or starting."""
-        return MembersGauge(self.members)
+        return ClusterUp(lambda: {name: member.serving for name, member in self.members.items()})
 
     async def start(self, sync_timeout: float = 60.0) -> None:
         """Start every member; returns once one has synced (a member that cannot start yet keeps trying)."""
@@ -445,20 +445,3 @@ class FleetBackend(IndexedReads):
 
     async def may_use_pool(self, user: str, groups: list[str], pool: str) -> bool:
         return await self.home.may_use_pool(user, groups, pool)
-
-
-class MembersGauge(Collector):
-    """Whether each member cluster serves, as the fleet gateway sees it."""
-
-    def __init__(self, members: Mapping[str, Member]) -> None:
-        self.members = members
-
-    def collect(self) -> Iterator[Metric]:
-        gauge = GaugeMetricFamily(
-            "sandfleet_gateway_member_up",
-            "1 while a fleet member cluster serves; 0 while it is lost (unreachable) or still starting.",
-            labels=["cluster"],
-        )
-        for name, member in self.members.items():
-            gauge.add_metric([name], 1.0 if member.serving else 0.0)
-        yield gauge

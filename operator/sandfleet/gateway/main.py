@@ -77,7 +77,9 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         collectors=(
             ReplicasGauge(backend.replicas),
             *resets.metrics(),
-            backend.metrics() if isinstance(backend, FleetBackend) else ClusterUp(settings.cluster, ready),
+            backend.metrics()
+            if isinstance(backend, FleetBackend)
+            else ClusterUp(lambda: {settings.cluster: ready()}),
         ),
         peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
         cluster=settings.cluster,

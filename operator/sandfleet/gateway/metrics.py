@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -11,10 +11,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sandfleet import __version__
+from sandfleet.core.api import DEFAULT_CLUSTER
 
 OTHER_RUNS = "other"
-# The `cluster` label of a gateway that was given no name for its cluster (the chart's clusterName).
-DEFAULT_CLUSTER = "default"
 MEMBER_UP = "sandfleet_gateway_member_up"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -149,22 +148,22 @@ class GatewayMetrics:
 
 
 class ClusterUp(Collector):
-    """`sandfleet_gateway_member_up{cluster}` for a gateway over one cluster, as a fleet's per member.
+    """`sandfleet_gateway_member_up{cluster}`: each cluster the gateway serves from, 1 while it serves.
 
-    A fleet gateway has its own (gateway.fleet.MembersGauge); this one lets one dashboard row show
-    single-cluster gateways too.
+    0 while it is lost (unreachable) or still starting. `up` says which serve now: a fleet
+    gateway's members, or a single-cluster gateway's own cluster (so one dashboard row shows both).
     """
 
-    def __init__(self, cluster: str, serving: Callable[[], bool]) -> None:
-        self.cluster = cluster
-        self.serving = serving
+    def __init__(self, up: Callable[[], Mapping[str, bool]]) -> None:
+        self.up = up
 
     def collect(self) -> Iterator[Metric]:
         gauge = GaugeMetricFamily(
             MEMBER_UP,
-            "1 while the gateway's cluster serves (synced and connected); 0 while it is cut off or"
-            " still starting.",
+            "1 while a cluster the gateway serves from (a fleet's member, or its own) serves; 0 while it"
+            " is lost (unreachable) or still starting.",
             labels=["cluster"],
         )
-        gauge.add_metric([self.cluster], 1.0 if self.serving() else 0.0)
+        for cluster, serving in self.up().items():
+            gauge.add_metric([cluster], 1.0 if serving else 0.0)
         yield gauge

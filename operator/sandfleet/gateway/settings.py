@@ -10,9 +10,9 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.core.quotas import Quotas
 from sandfleet.gateway.guard import BodyLimits
-from sandfleet.gateway.metrics import DEFAULT_CLUSTER
 from sandfleet.gateway.models import MAX_ACQUIRE
 
 # A member cluster's name goes into lease ids and metric labels: a DNS label, as a namespace is.

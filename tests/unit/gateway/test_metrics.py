@@ -6,11 +6,12 @@ import httpx
 from prometheus_client import generate_latest
 
 from sandfleet.core import api
+from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.main import kube_app
-from sandfleet.gateway.metrics import DEFAULT_CLUSTER, ClusterUp, GatewayMetrics
+from sandfleet.gateway.metrics import ClusterUp, GatewayMetrics
 from sandfleet.gateway.settings import GatewaySettings
 from tests.support.backends import MemoryBackend
 
@@ -79,7 +80,7 @@ def test_an_exec_is_labelled_with_its_sandboxs_cluster() -> None:
 
 def test_cluster_up_follows_whether_the_cluster_serves() -> None:
     serving = [False]
-    up = ClusterUp("eu1", lambda: serving[0])
+    up = ClusterUp(lambda: {"eu1": serving[0]})
     ((sample,),) = [family.samples for family in up.collect()]
     assert (sample.name, sample.labels, sample.value) == (
         "sandfleet_gateway_member_up",

@@ -824,7 +824,7 @@ def test_network_policies_can_be_turned_off() -> None:
 def exposed_metric_names() -> set[str]:
     """Every series name the operator and the gateway can expose, from their real definitions."""
     families = list(GatewayMetrics(registry=CollectorRegistry()).registry.collect())
-    families += list(ClusterUp("default", lambda: True).collect())  # a fleet's MembersGauge: the same
+    families += list(ClusterUp(lambda: {"default": True}).collect())  # a fleet gateway's too
     families += [
         next(iter(value.describe()))
         for value in vars(operator_metrics).values()
