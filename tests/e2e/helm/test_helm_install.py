@@ -497,19 +497,35 @@ def test_the_rl_deployments_train_from_pods(install: Install) -> None:
         if pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp")
     ]
     assert len(replicas) >= 2, "the chart's default of two gateway replicas is the case here"
-    held: dict[str, list[str]] = {}
     auth = {"Authorization": f"Bearer {token}"}
-    for ip in replicas:
-        with httpx.Client(base_url=f"http://{ip}:8080", headers=auth, trust_env=False) as direct:
-            answer = direct.get(f"/v1/runs/{run}/profile", params={"window_seconds": 600})
-            assert answer.status_code == 200, answer.text
-            own = direct.get(f"/v1/runs/{run}/spans", params={"window_seconds": 600}).json()["spans"]
-        profile = answer.json()
-        phases = {p["phase"] for p in profile["phases"]}
-        assert {"sandbox_wait", "generate", "score", "train", "weight_sync"} <= phases, (ip, profile)
-        assert not [note for note in profile["notes"] if "did not answer" in note], profile["notes"]
-        assert profile["learner_busy"] is not None
-        held[ip] = sorted({span["phase"] for span in own})
+    wanted = {"sandbox_wait", "generate", "score", "train", "weight_sync"}
+    held: dict[str, list[str]] = {}
+    profiles: dict[str, dict[str, Any]] = {}
+
+    def every_replica_has_the_whole_run() -> bool:
+        # The actor keeps playing: a replica's share that is not there yet (its spans went to a
+        # replica restarted since, or a listing of the replicas a moment old) comes with the next
+        # episodes. What must hold is that each replica, asked directly, gathers every phase.
+        for ip in replicas:
+            with httpx.Client(base_url=f"http://{ip}:8080", headers=auth, trust_env=False) as direct:
+                answer = direct.get(f"/v1/runs/{run}/profile", params={"window_seconds": 600})
+                assert answer.status_code == 200, answer.text
+                own = direct.get(f"/v1/runs/{run}/spans", params={"window_seconds": 600}).json()["spans"]
+            profiles[ip] = answer.json()
+            held[ip] = sorted({span["phase"] for span in own})
+        return all(
+            wanted <= {p["phase"] for p in profile["phases"]}
+            and not [note for note in profile["notes"] if "did not answer" in note]
+            for profile in profiles.values()
+        )
+
+    try:
+        wait_until(every_replica_has_the_whole_run, timeout=60, what="each replica to gather every phase")
+    except AssertionError as error:
+        gateways = install.kube("get", "pods", "-l", "app.kubernetes.io/component=gateway", "-o", "wide")
+        summary = {ip: ([p["phase"] for p in f["phases"]], f["notes"]) for ip, f in profiles.items()}
+        raise AssertionError(f"{error}\nprofiles: {summary}\nheld by each: {held}\n{gateways}") from None
+    assert all(profile["learner_busy"] is not None for profile in profiles.values()), profiles
     assert any("train" in phases for phases in held.values()), held
     print(f"phases each replica holds itself: {held}")  # how the reports were spread, for the log
     # Deterministically: a span reported to one replica only is in the profile read at the other.
