@@ -9,6 +9,7 @@ a lock anyone can take means its owner died (crash, SIGKILL) and everything it o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import fcntl
@@ -16,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PARENT = "sandfleet"
 RUNSC_PROCESS_NAMES = ("runsc", "runsc-sandbox", "runsc-gofer")
 MNT_DETACH = 2
+# A killed sandbox takes a moment to exit (its memory goes first), and its cgroups cannot be
+# removed while a process is in them: how long a teardown waits for that.
+EXIT_WAIT_SECONDS = 10.0
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -105,18 +110,33 @@ def _umount(point: str) -> bool:
 def remove_cgroups(container_prefix: str) -> int:
     """Remove the per-container cgroups runsc made, in every controller hierarchy."""
     removed = 0
-    if not CGROUP_ROOT.is_dir():
-        return removed
-    for hierarchy in CGROUP_ROOT.iterdir():
-        parent = hierarchy / CGROUP_PARENT
-        if not parent.is_dir():
-            continue
-        for child in parent.iterdir():
-            if child.is_dir() and child.name.startswith(container_prefix):
-                with contextlib.suppress(OSError):
-                    child.rmdir()
-                    removed += 1
+    for child in _cgroups(container_prefix):
+        with contextlib.suppress(OSError):
+            child.rmdir()
+            removed += 1
     return removed
+
+
+async def remove_cgroups_settled(container_prefix: str, timeout_s: float = EXIT_WAIT_SECONDS) -> int:
+    """remove_cgroups, again while some are busy (a process still leaving them), up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    removed = remove_cgroups(container_prefix)
+    while _cgroups(container_prefix) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        removed += remove_cgroups(container_prefix)
+    return removed
+
+
+def _cgroups(container_prefix: str) -> list[Path]:
+    if not CGROUP_ROOT.is_dir():
+        return []
+    return [
+        child
+        for hierarchy in CGROUP_ROOT.iterdir()
+        if (hierarchy / CGROUP_PARENT).is_dir()
+        for child in (hierarchy / CGROUP_PARENT).iterdir()
+        if child.is_dir() and child.name.startswith(container_prefix)
+    ]
 
 
 async def destroy_runsc_root(runsc: Path, runsc_root: Path, report: CleanupReport) -> None:
@@ -140,10 +160,31 @@ async def destroy_runsc_root(runsc: Path, runsc_root: Path, report: CleanupRepor
                 timeout_s=30,
             )
             report.containers += 1
+    killed = []
     for pid in runsc_processes(runsc_root):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
             report.processes += 1
+    await until_exited(killed, EXIT_WAIT_SECONDS)
+
+
+async def until_exited(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait until these processes have exited (a zombie has); those still running after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    running = [pid for pid in pids if _running(pid)]
+    while running and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        running = [pid for pid in running if _running(pid)]
+    return running
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]  # a zombie has left its cgroups
 
 
 def _is_dir(path: Path) -> bool:
@@ -165,7 +206,7 @@ async def clean_dead_instances(runsc: Path, state_dir: Path, slots: SlotTable) -
             try:
                 await destroy_runsc_root(runsc, instance / "runsc", report)
                 report.mounts += unmount_all(instance)
-                report.cgroups += remove_cgroups(container_prefix(instance.name))
+                report.cgroups += await remove_cgroups_settled(container_prefix(instance.name))
                 shutil.rmtree(instance, ignore_errors=True)
                 report.instances.append(instance.name)
             finally:

@@ -278,7 +278,7 @@ class LocalRuntime:
         report = hoststate.CleanupReport()
         await hoststate.destroy_runsc_root(self.runsc, self.runsc_root, report)
         hoststate.unmount_all(self.instance_dir)
-        hoststate.remove_cgroups(hoststate.container_prefix(self.instance_id))
+        await hoststate.remove_cgroups_settled(hoststate.container_prefix(self.instance_id))
         shutil.rmtree(self.instance_dir, ignore_errors=True)
         os.close(self._lock_fd)
         self._lock_fd = None
