@@ -107,6 +107,11 @@ def _kube_router_ldflags() -> tuple[str, ...]:
     return ("-s", "-w", f"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version={version}")
 
 
+# Every build links with -s -w, which throws the debug info away: not generating it at all makes a
+# cold compile a fifth faster (kwok, empty GOCACHE: 127 and 141 s with it, 102 and 105 s without)
+# and the binaries the same size. Not in the cache key: the binaries behave the same either way.
+NO_DWARF = "-gcflags=all=-dwarf=false"
+
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # The real node's binaries: the same k8s.io/kubernetes pin in a module of their own
 # (hack/build/kubernetes-node), so adding them left the control plane's cache key as it was.
@@ -255,7 +260,7 @@ def _build_locked(build: GoBuild, out: Path) -> Path:
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    command = ["go", "build", "-v", "-trimpath", "-o", f"{staging}/"]
+    command = ["go", "build", "-v", "-trimpath", NO_DWARF, "-o", f"{staging}/"]
     if build.ldflags:
         command += ["-ldflags", " ".join(build.ldflags)]
     workdir = build.module_dir
