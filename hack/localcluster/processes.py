@@ -83,7 +83,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH when it exits between the open and the read
         return False
     if state == "Z":
         # Our own child that exited: reap it so it does not linger as a zombie.

@@ -88,7 +88,7 @@ def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             raw = stat.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # the read fails with ESRCH if it exits after the open
         return False
     return raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] != b"Z"
 
