@@ -359,12 +359,25 @@ def run_once(bench: Benchmark, short: bool, timeout: float, index: int, repeats:
     return report
 
 
+def carried(previous: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """An earlier report's entry for a benchmark not run now, saying when and where it was measured."""
+    entry = previous.get("benchmarks", {}).get(name)
+    if entry is None or "measured_at" in entry:
+        return entry
+    # Reports before per-benchmark records name only the machine and time of their own run.
+    return {**entry, "measured_at": f"{previous['generated_at']} or earlier", "machine": previous["machine"]}
+
+
 def run_benchmarks(names: list[str], short: bool, repeat: int | None, timeout: float) -> dict[str, Any]:
     results: dict[str, Any] = {}
     chosen = [b for b in BENCHMARKS if b.name in names]
+    here = machine()
     for number, bench in enumerate(chosen, 1):
         command = f".venv/bin/python bench/{bench.script}{' --short' if short else ''}"
         entry: dict[str, Any] = {"script": bench.script, "command": command, "what": bench.what, "runs": []}
+        # A report merges benchmarks run on different days, possibly on different machines.
+        entry["measured_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        entry["machine"] = here
         results[bench.name] = entry
         if not (BENCH / bench.script).exists():
             entry["status"] = "not available"
@@ -591,7 +604,8 @@ def render_section(results: dict[str, Any], figures: list[tuple[str, str]], asse
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB memory, kernel {m['kernel']}, "
         f"{m['os']}, Python {m['python']}. "
-        f"Load average when the run began: {results.get('load_average_start')}.",
+        f"Load average when the run began: {results.get('load_average_start')}. "
+        "A benchmark carried over from an earlier report says below when and on what it ran.",
         "",
         *([f"Note: {results['notes']}.", ""] if results.get("notes") else []),
         "### Targets (../shared/PRODUCT.md)",
@@ -635,6 +649,9 @@ def render_section(results: dict[str, Any], figures: list[tuple[str, str]], asse
             )
             + "."
         )
+        if "measured_at" in entry:
+            cpus = f"{entry['machine']['nproc']} CPUs ({entry['machine']['cpu_model']})"
+            lines += ["", f"Measured {entry['measured_at']} on {cpus}."]
         if entry.get("error"):
             lines += ["", f"> {entry['error'][-400:].strip().replace(chr(10), ' ')}"]
         medians = entry.get("median", {})
@@ -777,7 +794,7 @@ def main() -> None:
             "load_average_start": load,
             "seconds": round(time.monotonic() - started, 1),
             "benchmarks": {
-                b.name: ran.get(b.name) or previous.get("benchmarks", {}).get(b.name)
+                b.name: ran.get(b.name) or carried(previous, b.name)
                 for b in BENCHMARKS
                 if ran.get(b.name) or previous.get("benchmarks", {}).get(b.name)
             },

@@ -7,10 +7,13 @@ own suites (tests/e2e/local, tests/integration/*/test_benchmarks.py).
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -28,11 +31,27 @@ def run_bench(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[
     return subprocess.run([str(RUN), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+def bench_runner() -> ModuleType:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return importlib.import_module("runner")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
 def synthetic_results() -> dict[str, Any]:
     def entry(name: str, *runs: dict[str, Any]) -> dict[str, Any]:
         stamped = [{**r, "_wall_seconds": 1.0, "_load_average_1m": [0.5, 0.6]} for r in runs]
         return {"script": f"{name}.py", "command": f".venv/bin/python bench/{name}.py", "what": name,
                 "runs": stamped, "status": "ok"}  # fmt: skip
+
+    def carried_over(name: str, *runs: dict[str, Any]) -> dict[str, Any]:
+        older = {"generated_at": "2025-12-01 09:00 UTC", "machine": {"nproc": 2, "cpu_model": "an older cpu"}}
+        carried: dict[str, Any] | None = bench_runner().carried(
+            {**older, "benchmarks": {name: entry(name, *runs)}}, name
+        )
+        assert carried is not None
+        return carried
 
     return {
         "generated_at": "2026-01-01 00:00 UTC",
@@ -47,7 +66,7 @@ def synthetic_results() -> dict[str, Any]:
         },
         "load_average_start": 1.0,
         "benchmarks": {
-            "sandbox_cold": entry(
+            "sandbox_cold": carried_over(
                 "sandbox_cold",
                 {
                     "cold_ready_p50_s": 0.3,
@@ -134,6 +153,8 @@ def test_the_report_section_is_regenerated_from_the_json_and_the_prose_kept(tmp_
     result = run_bench("--render", str(results), "--out", str(out), "--docs", str(docs), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     text = docs.read_text()
+    # The benchmark carried over from an older report (synthetic_results) says when and on what it ran.
+    assert "Measured 2025-12-01 09:00 UTC or earlier on 2 CPUs (an older cpu)." in text
     assert "Hand-written: why the burst is slow." in text
     assert "Hand-written afterword." in text
     assert "stale" not in text
