@@ -325,20 +325,29 @@ class Operator:
             )
         templates = {g.key: g for g in groups}
         decided_on = {s.name: s for s in sandboxes}
-        await asyncio.gather(
-            *(self._delete(worker, d, decided_on.get(d.name)) for d in (*decided.deletes, *stranded)),
-            *(
-                self._create(worker, c, templates[c.template_hash], now)
-                for c in decided.creates[:MAX_CREATES_PER_PASS]
-            ),
+        creates = decided.creates[:MAX_CREATES_PER_PASS]
+        deletes = (*decided.deletes, *stranded)
+        refusals, _ = await asyncio.gather(
+            asyncio.gather(*(self._create(worker, c, templates[c.template_hash], now) for c in creates)),
+            asyncio.gather(*(self._delete(worker, d, decided_on.get(d.name)) for d in deletes)),
         )
+        rejected = [refusal for refusal in refusals if refusal is not None]
+        if rejected:
+            # One failure per pass, however many creates it tried: the same refusal (a missing
+            # ServiceAccount, a quota) repeated 500 times is one reason, and counted 500 times it
+            # put a new namespace's pool straight into the longest backoff (5 minutes).
+            worker.failures = worker.failures.record(1, time.time())
+            if time.time() - worker.last_create_error_event_at > CREATE_ERROR_EVENT_SECONDS:
+                worker.last_create_error_event_at = time.time()
+                await self._event(worker, "Warning", "CreateFailed", rejected[0])
         if len(decided.creates) > MAX_CREATES_PER_PASS:
             worker.wake.set()
         publish_at = await self._publish(worker, decided, now)
         wakes = [t for t in (decided.retry_at, publish_at) if t is not None]
         return min(wakes) if wakes else None
 
-    async def _create(self, worker: PoolWorker, create: Create, group: WarmGroup, now: float) -> None:
+    async def _create(self, worker: PoolWorker, create: Create, group: WarmGroup, now: float) -> str | None:
+        """Create one sandbox Pod; the apiserver's refusal if it rejected the Pod (not a transient error)."""
         spec = worker.spec
         name = f"{spec.name[:40]}-{secrets.token_hex(4)}"
         shard = None
@@ -380,10 +389,8 @@ class Operator:
                 log.warning("creating a sandbox for %s failed: %s", spec.key, error)
                 if isinstance(error, KubeError) and error.status in REJECTED_STATUSES:
                     # Rejected (invalid template, quota, admission): retrying at once would only storm.
-                    worker.failures = worker.failures.record(1, time.time())
-                    if time.time() - worker.last_create_error_event_at > CREATE_ERROR_EVENT_SECONDS:
-                        worker.last_create_error_event_at = time.time()
-                        await self._event(worker, "Warning", "CreateFailed", str(error))
+                    return str(error)
+        return None
 
     async def _delete(self, worker: PoolWorker, delete: Delete, decided_on: SandboxPod | None) -> None:
         worker.expected_deletes[delete.name] = time.time()

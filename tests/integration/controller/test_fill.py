@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -227,6 +228,31 @@ def test_an_image_that_never_gets_ready_degrades_the_pool_without_churn(
         assert [e["reason"] for e in events].count("SandboxesNotReady") == 1, operator.log()
     finally:
         kubectl("delete", "runtimeclass", broken, "--wait=false")
+
+
+def test_creates_refused_for_a_while_back_off_per_pass_and_fill_once_allowed(
+    kube: Kubectl, start_operator: Callable[[], OperatorProcess]
+) -> None:
+    # A fresh namespace refuses Pods (403) until its ServiceAccount exists; a quota of zero Pods
+    # stands in for that. Counted once per refused Pod, 20 refusals meant the longest backoff, and
+    # the pool sat empty for 5 minutes after the cause had gone (a fault test's 1,000-Pod pool did).
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods"}}
+    kube.apply({**quota, "spec": {"hard": {"pods": "0"}}})
+    operator = start_operator()
+    kube.apply(pool_manifest("refused", 20))
+
+    def refusals() -> int:
+        return operator.log().count("failed: 403")
+
+    wait_until(lambda: refusals() >= 20, timeout=60, what="the operator's creates to be refused")
+    time.sleep(3.0)  # a few more passes are refused too
+    kube("delete", "resourcequota", "no-pods")
+    lifted = time.monotonic()
+    # Refused passes back off 10 s, 20 s, ... (one probe at a time while Degraded), never 5 minutes.
+    wait_ready(kube, "refused", operator, timeout=75)
+    print(f"filled {time.monotonic() - lifted:.1f}s after the quota went")
+    events = kube.json("get", "events", "--field-selector", "involvedObject.name=refused")["items"]
+    assert [e["reason"] for e in events].count("CreateFailed") == 1, "one event, not one per Pod"
 
 
 def test_deleting_the_pool_deletes_its_sandboxes(
