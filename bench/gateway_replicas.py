@@ -4,13 +4,17 @@ A burst of concurrent single acquires (each with its own idempotency key, as the
 spread evenly over the replicas, for each of: the `pod` store (every claim a conditional patch of
 its Pod: the design before the ledger) with 1 and with 3 gateways, and the `ledger` store (claims
 committed in batches to a shard's SandboxLedger) with 1 and with 3 gateways; 3 gateways share the
-warm Pods (each hands out its own share first). Per configuration it reports the burst's p50/p99 and
-throughput, the apiserver's own count of lease writes per lease (Pod patches, or ledger patches and
-creates) and of 409 conflicts among them (machine-independent), and the CPU of the gateways, the
-apiserver and the load generator, so the load generator is not what is measured: three client
-processes in every configuration, each a lean HTTP client (bench/rawhttp.py). Medians over
-`--repeats` fresh bursts, configurations interleaved. Prints progress, then one JSON object as its
-last line.
+warm Pods (each hands out its own share first). The ledger's 1 and 3 gateways run twice: on the
+machine's shared cores, and with a CPU quota of their own each (`REPLICA_CPU`, a cgroup, as a Pod's
+`limits.cpu` on a cluster): on 2 cores that every replica shares with the apiserver, kwok and the
+load generator, that is how "do replicas add capacity" can be read. Per configuration it reports
+the burst's p50/p99 and throughput, the apiserver's own count of lease writes per lease (Pod
+patches, or ledger patches and creates) and of 409 conflicts among them (machine-independent), and
+the CPU of the gateways, the apiserver and the load generator over the burst alone, so the load
+generator is not what is measured: three client processes in every configuration, each a lean HTTP
+client (bench/rawhttp.py). Each gateway has served a few requests first, as a running one has.
+Medians over `--repeats` fresh bursts, configurations interleaved. Prints progress, then one JSON
+object as its last line.
 
     .venv/bin/python bench/gateway_replicas.py            # full: 300-lease bursts, 3 repeats
     .venv/bin/python bench/gateway_replicas.py --short    # CI: 90-lease bursts, 1 repeat
@@ -35,17 +39,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rawhttp
-from gateway_leases import TOKEN, Bench, cpu_seconds, percentile
+from gateway_leases import TOKEN, Bench, CpuClock, percentile
 
 from sandfleet.core import api
 from sandfleet.core.ledger import PODS_PER_SHARD
 
-# name -> (lease store, gateway replicas)
-CONFIGS = {
-    "pod store, 1 gateway": (api.STORE_POD, 1),
-    "pod store, 3 gateways": (api.STORE_POD, 3),
-    "ledger, 1 gateway": (api.STORE_LEDGER, 1),
-    "ledger, 3 gateways": (api.STORE_LEDGER, 3),
+# Each replica's CPU in the "own CPU" configurations, in cores: as the chart's gateway Pod would get
+# from `limits.cpu`. Three of them (0.9) leave the apiserver, kwok and the clients the rest of the 2
+# cores: at 0.4 each, three replicas got 0.35 of a core each, the machine and not their quota being
+# the bound (2026-12-06).
+REPLICA_CPU = 0.3
+# name -> (lease store, gateway replicas, each replica's CPU quota or None: the machine's 2 shared cores)
+CONFIGS: dict[str, tuple[str, int, float | None]] = {
+    "pod store, 1 gateway": (api.STORE_POD, 1, None),
+    "pod store, 3 gateways": (api.STORE_POD, 3, None),
+    "ledger, 1 gateway": (api.STORE_LEDGER, 1, None),
+    "ledger, 3 gateways": (api.STORE_LEDGER, 3, None),
+    f"ledger, 1 gateway, {REPLICA_CPU} CPU": (api.STORE_LEDGER, 1, REPLICA_CPU),
+    f"ledger, 3 gateways, {REPLICA_CPU} CPU each": (api.STORE_LEDGER, 3, REPLICA_CPU),
 }
 
 
@@ -78,11 +89,13 @@ def replicas_seen(url: str) -> float:
     return 0.0
 
 
-def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round_: int) -> dict[str, Any]:
-    prefix = f"r{round_}-{'abcd'[list(CONFIGS).index(name)]}"
+def measure(
+    bench: Bench, name: str, store: str, replicas: int, cpu: float | None, size: int, round_: int
+) -> dict[str, Any]:
+    prefix = f"r{round_}-{'abcdef'[list(CONFIGS).index(name)]}"
     # Sharded as a pool of at least three shards' size: each of 3 replicas has a shard of its own.
     bench.add_sandboxes(size, prefix, store=store, pool_size=max(size, 3 * PODS_PER_SHARD))
-    gateways = [bench.start_gateway() for _ in range(replicas)]
+    gateways = [bench.start_gateway(cpu=cpu) for _ in range(replicas)]
     started = list(bench.processes[-replicas:])
     urls = [url for url, _ in gateways]
     if replicas > 1:
@@ -94,14 +107,19 @@ def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round
     apiserver = bench.cluster.daemons()[1].pid()
     assert apiserver is not None
     pids = [pid for _, pid in gateways]
-    cpu_before = [cpu_seconds(pid) for pid in pids], cpu_seconds(apiserver)
     writes_before = lease_writes(bench)
     log(f"{name}: burst of {size} acquires")
     run = f"bench-{prefix}-{uuid.uuid4().hex[:4]}"  # released together afterwards
-    burst = rawhttp.burst(urls, TOKEN, size, run)
+    # CPU over the burst alone: from the clients' first request to their last answer, not over
+    # their connecting nor over the scrapes of the apiserver's /metrics around it.
+    clock = CpuClock({**{f"gateway {i}": pid for i, pid in enumerate(pids)}, "apiserver": apiserver})
+    throttled = bench.quotas.throttled() if cpu is not None and bench.quotas is not None else 0
+    burst = rawhttp.burst(urls, TOKEN, size, run, on_start=clock.start, on_end=clock.stop)
+    if cpu is not None and bench.quotas is not None:
+        throttled = bench.quotas.throttled() - throttled
     writes_after = lease_writes(bench)
-    gateway_cpu = sum(cpu_seconds(pid) for pid in pids) - sum(cpu_before[0])
-    apiserver_cpu = cpu_seconds(apiserver) - cpu_before[1]
+    apiserver_cpu = clock.used.pop("apiserver")
+    gateway_cpu = sum(clock.used.values())
     released = httpx.post(
         f"{urls[0]}/v1/runs/{run}/release", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120
     )
@@ -121,6 +139,10 @@ def measure(bench: Bench, name: str, store: str, replicas: int, size: int, round
         "lease_writes_per_lease": sum(delta.values()) / size,
         "conflicts_per_lease": delta.get("409", 0.0) / size,
         "gateway_cpu_ms_per_lease": gateway_cpu / size * 1000,
+        # How busy the replicas were over the burst, in cores each (at their quota: they were the bound).
+        "gateway_cores_each": gateway_cpu / replicas / burst["wall_s"],
+        # With a quota of their own: the 100 ms periods in which a replica used all of it and waited.
+        "quota_throttled_periods": throttled,
         "apiserver_cpu_ms_per_lease": apiserver_cpu / size * 1000,
         "client_cpu_ms_per_lease": burst["client_cpu_s"] / size * 1000,
         "late_start_s": burst["late_start_s"],  # the last client process's lateness: should be ~0
@@ -145,8 +167,8 @@ def main() -> None:
         try:
             bench.setup()
             for round_ in range(repeats):
-                for name, (store, replicas) in CONFIGS.items():  # interleaved: drift hits all alike
-                    runs[name].append(measure(bench, name, store, replicas, size, round_))
+                for name, (store, replicas, cpu) in CONFIGS.items():  # interleaved: drift hits all alike
+                    runs[name].append(measure(bench, name, store, replicas, cpu, size, round_))
                     log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[name][-1].items()))
         finally:
             bench.teardown()
@@ -154,7 +176,7 @@ def main() -> None:
         name: {key: round(statistics.median(run[key] for run in results), 3) for key in results[0]}
         for name, results in runs.items()
     }
-    pod_1, pod_3, ledger_1, ledger_3 = (medians[name] for name in CONFIGS)
+    pod_1, pod_3, ledger_1, ledger_3, own_1, own_3 = (medians[name] for name in CONFIGS)
     result = {
         "burst_size": size,
         "repeats": repeats,
@@ -165,6 +187,9 @@ def main() -> None:
         "burst_p50_ms_ledger_3_gateways": ledger_3["p50_ms"],
         "throughput_3_over_1_ledger": round(ledger_3["leases_per_s"] / ledger_1["leases_per_s"], 2),
         "throughput_3_over_1_pod": round(pod_3["leases_per_s"] / pod_1["leases_per_s"], 2),
+        # Do replicas add capacity when each has CPU of its own, as on a cluster?
+        "replica_cpu": REPLICA_CPU,
+        "throughput_3_over_1_ledger_own_cpu": round(own_3["leases_per_s"] / own_1["leases_per_s"], 2),
         "agent": "none (acquire only)",
     }
     print(json.dumps(result))

@@ -17,6 +17,7 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sandfleet.client import FRESH_KEY_HEADER
@@ -122,11 +123,22 @@ def burst_process(url: str, token: str, pool: str, count: int, start_at: float, 
     out.put((latencies, ends, first_sent[0], cpu[0], url))
 
 
-def burst(urls: list[str], token: str, size: int, run: str, pool: str = "bench") -> dict[str, Any]:
+def burst(
+    urls: list[str],
+    token: str,
+    size: int,
+    run: str,
+    pool: str = "bench",
+    on_start: Callable[[], None] | None = None,
+    on_end: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """`size` acquires spread evenly over `urls` by CLIENT_PROCESSES client processes.
 
     The same number whatever the replicas, so the load generator's own parallelism is not what
-    differs. Raises SystemExit naming the failures when any acquire fails.
+    differs. `on_start` runs when the clients fire and `on_end` once the last has its answers, so a
+    caller can read the servers' CPU over the burst alone (not over the clients' 3 s of connecting,
+    which on an otherwise idle cluster doubled the apiserver's CPU per lease). Raises SystemExit
+    naming the failures when any acquire fails.
     """
     start_at = time.time() + 3.0  # every client has connected by then (else it starts late, measured)
     queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
@@ -139,7 +151,12 @@ def burst(urls: list[str], token: str, size: int, run: str, pool: str = "bench")
     ]
     for client in clients:
         client.start()
+    if on_start is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+        on_start()
     results = [queue.get(timeout=300) for _ in clients]
+    if on_end is not None:
+        on_end()
     for client in clients:
         client.join(timeout=30)
     failures = [result for result in results if isinstance(result, str)]
@@ -155,6 +172,7 @@ def burst(urls: list[str], token: str, size: int, run: str, pool: str = "bench")
     return {
         "latencies": latencies,
         "leases_per_s": size / wall,
+        "wall_s": wall,
         "client_cpu_s": sum(result[3] for result in results),
         "late_start_s": max(result[2] for result in results) - start_at,
         "replica_p50_spread": max(replica_p50s) / min(replica_p50s),

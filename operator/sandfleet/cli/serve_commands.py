@@ -135,6 +135,7 @@ def serve(
         tenancy=tenancy,
         # sandfleet_sandbox_startup_seconds, as the operator exports it; resets of a recycling pool
         collectors=backend.collectors,
+        freeze_heap=True,
     )
     served = ", ".join(f"{i.tag} ({i.digest[:19]})" for i in images)
     reuse = f", recycled up to {recycle_episodes} episodes per run" if recycle else ""

@@ -30,7 +30,11 @@ from sandfleet.kube.config import (
 )
 
 
-def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClient]] = connect) -> FastAPI:
+def kube_app(
+    settings: GatewaySettings,
+    connect: Callable[[], Awaitable[ApiClient]] = connect,
+    freeze_heap: bool = False,
+) -> FastAPI:
     """A gateway app serving the pools of one namespace from the Kubernetes API."""
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_key = load_agent_key(settings)
@@ -83,6 +87,7 @@ def kube_app(settings: GatewaySettings, connect: Callable[[], Awaitable[ApiClien
         ),
         peers=KubePeers(settings.namespace, lambda: backend.kube, settings.port),
         cluster=settings.cluster,
+        freeze_heap=freeze_heap,
     )
     return create_app(runtime)
 
@@ -124,7 +129,7 @@ def run(settings: GatewaySettings) -> None:
     async def connect_loaded() -> ApiClient:
         return await connect(configuration)  # the one loaded below, before uvicorn starts
 
-    app = kube_app(settings, connect=connect_loaded)  # the agent key's errors first, as ever
+    app = kube_app(settings, connect=connect_loaded, freeze_heap=True)  # the agent key's errors first
     if settings.members:  # each member's kubeconfig, checked now: one line naming the bad one
         for kubeconfig in settings.members.values():
             asyncio.run(load_configuration_from(kubeconfig))

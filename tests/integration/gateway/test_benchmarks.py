@@ -26,12 +26,18 @@ def test_gateway_replicas_short() -> None:
     """The Pod store against the ledger, one gateway against three: each measured, figures sane."""
     report = run_short("gateway_replicas.py", timeout=900)
     assert report["burst_size"] == 90
+    cpu = report["replica_cpu"]
     assert set(report["configs"]) == {
         "pod store, 1 gateway",
         "pod store, 3 gateways",
         "ledger, 1 gateway",
         "ledger, 3 gateways",
+        f"ledger, 1 gateway, {cpu} CPU",
+        f"ledger, 3 gateways, {cpu} CPU each",
     }
+    # The quota was in force: the lone replica on it used all of it and waited, period after period.
+    assert report["configs"][f"ledger, 1 gateway, {cpu} CPU"]["quota_throttled_periods"] > 0
+    assert report["configs"]["ledger, 1 gateway"]["quota_throttled_periods"] == 0
     for name, figures in report["configs"].items():
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
         assert figures["leases_per_s"] > 0
@@ -45,6 +51,7 @@ def test_gateway_replicas_short() -> None:
             assert 0 < figures["lease_writes_per_lease"] < 0.5, figures
     assert report["burst_p50_ledger_over_pod"] > 0
     assert report["throughput_3_over_1_ledger"] > 0
+    assert report["throughput_3_over_1_ledger_own_cpu"] > 0
     assert report["burst_p50_ms_ledger_3_gateways"] == report["configs"]["ledger, 3 gateways"]["p50_ms"]
 
 
