@@ -113,10 +113,10 @@ def measure(
     # CPU over the burst alone: from the clients' first request to their last answer, not over
     # their connecting nor over the scrapes of the apiserver's /metrics around it.
     clock = CpuClock({**{f"gateway {i}": pid for i, pid in enumerate(pids)}, "apiserver": apiserver})
-    throttled = bench.quotas.throttled() if cpu is not None and bench.quotas is not None else 0
+    quotas = bench.quotas if cpu is not None else None  # this configuration's replicas have quotas
+    throttled_before = quotas.throttled() if quotas is not None else 0
     burst = rawhttp.burst(urls, TOKEN, size, run, on_start=clock.start, on_end=clock.stop)
-    if cpu is not None and bench.quotas is not None:
-        throttled = bench.quotas.throttled() - throttled
+    throttled = quotas.throttled() - throttled_before if quotas is not None else 0
     writes_after = lease_writes(bench)
     apiserver_cpu = clock.used.pop("apiserver")
     gateway_cpu = sum(clock.used.values())
