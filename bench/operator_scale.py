@@ -7,9 +7,10 @@ apiserver's own request counters (apiserver_request_total by verb and resource, 
 1. fill: a SandboxPool of N over 3 regions, 0 -> N Ready; the fill curve, operator CPU and RSS;
 2. hold: nothing changes for a while; operator CPU and RSS at rest, and the requests it still makes
    (none but its leader-lease renewals: the caches are fed by watches);
-3. clients: a real gateway and C concurrent clients, each leasing and releasing R times; lease
-   latency p50/p99, errors, every lease id distinct (no sandbox leased twice), while the operator
-   replaces each released sandbox.
+3. clients: a real gateway and C concurrent clients (the lean client of bench/rawhttp.py, over 4
+   processes with a loopback address each), each leasing and releasing R times; lease latency
+   p50/p99, errors, every lease id distinct and no sandbox held by two leases at once, the
+   clients' own CPU beside the gateway's, while the operator replaces each released sandbox.
 
 The full run makes its own 300-node cluster (/tmp/sandfleet-bench-scale, its own ports) and removes
 it afterwards; --short does the same with 12 nodes: the apiserver's counters only speak for the fleet
@@ -32,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
+import rawhttp
 from kubebench import (
     SCALE_CLUSTER_ENV,
     WRITE_VERBS,
@@ -137,69 +138,135 @@ def fleet_watches(open_now: RequestCounts) -> dict[str, int]:
 
 
 RELEASE_ATTEMPTS = 6
+ACQUIRE_ATTEMPTS = 3
+# The clients run in this many processes, each connecting from a loopback address of its own: a
+# thousand trainers come from many addresses, and one address past the gateway's cap of open
+# connections per address (512) is refused. Before 2026-12-06 they were one process on one
+# address, with httpx: 488 of the 1,000 were refused at connect, and the run's 1,272 "acquire
+# ReadError"s measured that cap and the client, not the gateway.
+CLIENT_PROCESSES = 4
 
 
-async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> dict[str, Any]:
-    """`clients` concurrent callers, each leasing then releasing `rounds` times; what they saw."""
+def client_process(
+    url: str, token: str, clients: int, rounds: int, source: str, start_at: float, out: Any
+) -> None:
+    """`clients` callers, each leasing then releasing `rounds` times over a connection from `source`.
+
+    As sandfleet.client does: an idempotency key per acquire, reused by its retries; a release
+    retried while it is refused for a while. Puts what they saw, or an error.
+    """
     latencies: list[float] = []
     release_latencies: list[float] = []
     errors: Counter[str] = Counter()
-    granted: list[str] = []
-    held: set[str] = set()
-    overlaps = 0
-    async with httpx.AsyncClient(
-        base_url=url,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=120,
-        limits=httpx.Limits(max_connections=clients, max_keepalive_connections=clients),
-    ) as client:
+    held: list[tuple[str, str, float, float]] = []  # (sandbox, lease id, granted at, released at)
+    pid = os.getpid()
 
-        async def one_client() -> None:
-            nonlocal overlaps
-            for _ in range(rounds):
-                started = time.perf_counter()
+    async def one_client(index: int, connection: rawhttp.Connection) -> None:
+        for round_ in range(rounds):
+            body = {"pool": POOL, "wait_seconds": 90, "idempotency_key": f"scale-{pid}-{index}-{round_}"}
+            started = time.perf_counter()
+            answer: Any = None
+            for attempt in range(ACQUIRE_ATTEMPTS):
                 try:
-                    response = await client.post("/v1/leases", json={"pool": POOL, "wait_seconds": 90})
-                except httpx.HTTPError as error:
+                    status, answer = await connection.request(
+                        "POST", "/v1/leases", body, rawhttp.FRESH if attempt == 0 else None
+                    )
+                except (OSError, EOFError) as error:  # the retry, under the same key, adopts it
                     errors[f"acquire {type(error).__name__}"] += 1
+                    answer = None
+                    connection = await connection.reopen()
                     continue
-                latencies.append((time.perf_counter() - started) * 1000)
-                if response.status_code != 201:
-                    errors[f"acquire {response.status_code}"] += 1
+                if status == 201:
+                    break
+                errors[f"acquire {status}"] += 1
+                answer = None
+                if status not in (429, 503):
+                    break
+                await asyncio.sleep(1)
+            if answer is None:
+                errors["acquires_given_up"] += 1
+                continue
+            granted_at = time.time()
+            latencies.append((time.perf_counter() - started) * 1000)
+            lease = answer["leases"][0]
+            await asyncio.sleep(0)  # let others run while this one "holds" the sandbox
+            released_at = time.time()
+            started = time.perf_counter()
+            for attempt in range(RELEASE_ATTEMPTS):
+                try:
+                    status, _ = await connection.request("DELETE", f"/v1/leases/{lease['id']}")
+                except (OSError, EOFError) as error:
+                    errors[f"release {type(error).__name__}"] += 1
+                    connection = await connection.reopen()
                     continue
-                lease_id = response.json()["leases"][0]["id"]
-                if lease_id in held:
-                    overlaps += 1  # two clients hold the same sandbox at once
-                held.add(lease_id)
-                granted.append(lease_id)
-                await asyncio.sleep(0)  # let others run while this one "holds" the sandbox
-                held.discard(lease_id)
-                started = time.perf_counter()
-                # As sandfleet.client does: a release is idempotent, so one that failed is retried.
-                # Every failed try is counted in `errors`; `releases_given_up` never succeeded.
-                for attempt in range(RELEASE_ATTEMPTS):
-                    try:
-                        released = await client.delete(f"/v1/leases/{lease_id}")
-                    except httpx.HTTPError as error:
-                        errors[f"release {type(error).__name__}"] += 1
-                    else:
-                        if released.status_code in (200, 204):
-                            release_latencies.append((time.perf_counter() - started) * 1000)
-                            break
-                        errors[f"release {released.status_code}"] += 1
-                        if released.status_code not in (408, 429, 503):
-                            errors["releases_given_up"] += 1
-                            break
-                    if attempt + 1 < RELEASE_ATTEMPTS:
-                        await asyncio.sleep(min(2**attempt, 10))
-                else:
-                    errors["releases_given_up"] += 1
+                if status in (200, 204):
+                    release_latencies.append((time.perf_counter() - started) * 1000)
+                    break
+                errors[f"release {status}"] += 1
+                if status not in (408, 429, 503):
+                    break
+                await asyncio.sleep(min(2**attempt, 10))
+            else:
+                errors["releases_given_up"] += 1
+            held.append((lease["sandbox"], lease["id"], granted_at, released_at))
 
-        started = time.perf_counter()
-        await asyncio.gather(*(one_client() for _ in range(clients)))
-        seconds = time.perf_counter() - started
+    async def run_all() -> tuple[float, float]:
+        opened = await rawhttp.connections(url, token, clients, source)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        began = time.time()
+        cpu = rawhttp.cpu_now()
+        await asyncio.gather(*(one_client(i, c) for i, c in enumerate(opened)))
+        cpu = rawhttp.cpu_now() - cpu
+        await asyncio.gather(*(c.close() for c in opened), return_exceptions=True)
+        return began, cpu
+
+    try:
+        began, cpu = asyncio.run(run_all())
+    except Exception as error:  # the parent says what went wrong instead of waiting for a result
+        out.put(f"client process {source}: {error!r}")
+        return
+    out.put((latencies, release_latencies, dict(errors), held, began, time.time(), cpu))
+
+
+def double_leases(held: list[tuple[str, str, float, float]]) -> int:
+    """Leases whose sandbox another lease held at the same time (by when each was granted and released)."""
+    by_sandbox: dict[str, list[tuple[float, float]]] = {}
+    for sandbox, _, granted_at, released_at in held:
+        by_sandbox.setdefault(sandbox, []).append((granted_at, released_at))
+    overlaps = 0
+    for spans in by_sandbox.values():
+        spans.sort()
+        held_until = spans[0][1]
+        for begin, end in spans[1:]:
+            overlaps += begin < held_until  # granted while an earlier lease still held it
+            held_until = max(held_until, end)
+    return overlaps
+
+
+def lease_and_release(url: str, token: str, clients: int, rounds: int) -> dict[str, Any]:
+    """`clients` callers over CLIENT_PROCESSES processes, each leasing and releasing `rounds` times.
+
+    What they saw, and what the clients' processes spent (the load generator's CPU, reported beside
+    the gateway's).
+    """
+    start_at = time.time() + 5.0  # every process has its connections open by then
+    shares = [clients // CLIENT_PROCESSES + (i < clients % CLIENT_PROCESSES) for i in range(CLIENT_PROCESSES)]
+    results = rawhttp.in_processes(
+        client_process,
+        [(url, token, share, rounds, f"127.0.0.{11 + i}", start_at) for i, share in enumerate(shares)],
+        timeout=1800,
+    )
+    latencies = [ms for result in results for ms in result[0]]
+    release_latencies = [ms for result in results for ms in result[1]]
+    errors: Counter[str] = Counter()
+    for result in results:
+        errors.update(result[2])
+    held = [lease for result in results for lease in result[3]]
+    seconds = max(result[5] for result in results) - min(result[4] for result in results)
+    granted = [lease_id for _, lease_id, _, _ in held]
     return {
         "clients": clients,
+        "client_processes": CLIENT_PROCESSES,
         "rounds_per_client": rounds,
         "leases": len(granted),
         "seconds": round(seconds, 1),
@@ -212,7 +279,10 @@ async def lease_and_release(url: str, token: str, clients: int, rounds: int) -> 
         "errors": dict(errors),
         # Released sandboxes are deleted, never handed out again, so every lease id must be new.
         "duplicate_lease_ids": len(granted) - len(set(granted)),
-        "concurrent_double_leases": overlaps,
+        "concurrent_double_leases": double_leases(held),
+        "client_cpu_ms_per_lease": round(
+            sum(result[6] for result in results) / max(len(granted), 1) * 1000, 3
+        ),
         "latencies_ms": sorted(round(v, 2) for v in latencies),
     }
 
@@ -314,7 +384,7 @@ def main() -> None:
                 load_before = os.getloadavg()[0]
                 gateway_cpu_start = process_cpu_seconds(gateway.pid)
                 operator_cpu_gw_start = operator.cpu_seconds()
-                client_report = asyncio.run(lease_and_release(gateway.url, gateway.token, clients, rounds))
+                client_report = lease_and_release(gateway.url, gateway.token, clients, rounds)
                 gateway_cpu = process_cpu_seconds(gateway.pid) - gateway_cpu_start
                 operator_cpu_gw = operator.cpu_seconds() - operator_cpu_gw_start
                 gateway_rss = process_rss_mb(gateway.pid)

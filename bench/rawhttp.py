@@ -28,18 +28,30 @@ FRESH = {FRESH_KEY_HEADER: "true"}
 
 
 class Connection:
-    """One keep-alive connection to `host:port`; one request at a time."""
+    """One keep-alive connection to `host:port`; one request at a time.
 
-    def __init__(self, host: str, port: int, token: str) -> None:
+    `source`: the local address to connect from (a loopback address of its own per client
+    process, so that many callers are not all one address to the gateway's per-address cap).
+    """
+
+    def __init__(self, host: str, port: int, token: str, source: str | None = None) -> None:
         self.host = host
         self.port = port
+        self.source = source
         self.auth = f"Authorization: Bearer {token}\r\n".encode()
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> Connection:
-        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        local = (self.source, 0) if self.source else None
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port, local_addr=local)
         return self
+
+    async def reopen(self) -> Connection:
+        """A new connection in place of one that failed (the old one closed, whatever its state)."""
+        if self._writer is not None:
+            self._writer.close()
+        return await self.open()
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -72,10 +84,11 @@ class Connection:
         return status, json.loads(data) if data else None
 
 
-async def connections(url: str, token: str, count: int) -> list[Connection]:
-    """`count` open connections to `url` (http://host:port)."""
+async def connections(url: str, token: str, count: int, source: str | None = None) -> list[Connection]:
+    """`count` open connections to `url` (http://host:port), from `source` when given."""
     host, _, port = url.removeprefix("http://").partition(":")
-    return list(await asyncio.gather(*(Connection(host, int(port), token).open() for _ in range(count))))
+    opened = (Connection(host, int(port), token, source).open() for _ in range(count))
+    return list(await asyncio.gather(*opened))
 
 
 def cpu_now() -> float:
@@ -123,6 +136,35 @@ def burst_process(url: str, token: str, pool: str, count: int, start_at: float, 
     out.put((latencies, ends, first_sent[0], cpu[0], url))
 
 
+def in_processes(
+    target: Callable[..., None],
+    arguments: list[tuple[Any, ...]],
+    timeout: float,
+    started: Callable[[], None] | None = None,
+    answered: Callable[[], None] | None = None,
+) -> list[Any]:
+    """`target(*args, queue)` in a process of its own for each of `arguments`; what each put.
+
+    Each process puts one result, or a string saying what went wrong: SystemExit names those.
+    `started` runs once every process has started, `answered` once the last has put its result.
+    """
+    queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
+    processes = [multiprocessing.Process(target=target, args=(*args, queue)) for args in arguments]
+    for process in processes:
+        process.start()
+    if started is not None:
+        started()
+    results = [queue.get(timeout=timeout) for _ in processes]
+    if answered is not None:
+        answered()
+    for process in processes:
+        process.join(timeout=30)
+    failures = [result for result in results if isinstance(result, str)]
+    if failures:
+        raise SystemExit("; ".join(failures))
+    return results
+
+
 def burst(
     urls: list[str],
     token: str,
@@ -141,27 +183,20 @@ def burst(
     naming the failures when any acquire fails.
     """
     start_at = time.time() + 3.0  # every client has connected by then (else it starts late, measured)
-    queue: multiprocessing.Queue[Any] = multiprocessing.Queue()
     shares = [size // CLIENT_PROCESSES + (i < size % CLIENT_PROCESSES) for i in range(CLIENT_PROCESSES)]
-    clients = [
-        multiprocessing.Process(
-            target=burst_process, args=(urls[i % len(urls)], token, pool, share, start_at, run, queue)
-        )
-        for i, share in enumerate(shares)
-    ]
-    for client in clients:
-        client.start()
-    if on_start is not None:
-        time.sleep(max(0.0, start_at - time.time()))
-        on_start()
-    results = [queue.get(timeout=300) for _ in clients]
-    if on_end is not None:
-        on_end()
-    for client in clients:
-        client.join(timeout=30)
-    failures = [result for result in results if isinstance(result, str)]
-    if failures:
-        raise SystemExit("; ".join(failures))
+
+    def fire() -> None:
+        if on_start is not None:
+            time.sleep(max(0.0, start_at - time.time()))
+            on_start()
+
+    results = in_processes(
+        burst_process,
+        [(urls[i % len(urls)], token, pool, share, start_at, run) for i, share in enumerate(shares)],
+        timeout=300,
+        started=fire,
+        answered=on_end,
+    )
     latencies = [ms for result in results for ms in result[0]]
     # results arrive in any order; each client's url is its replica (urls[i % len(urls)])
     by_replica: dict[str, list[float]] = {}

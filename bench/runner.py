@@ -714,7 +714,14 @@ def scale_tables(run: Report) -> list[str]:
             f"duplicate lease ids {gateway['duplicate_lease_ids']}, concurrent double leases "
             f"{gateway['concurrent_double_leases']}, leased Pods left after release "
             f"{gateway['leased_pods_after']}; "
-            f"gateway {_fmt(gateway['gateway_cpu_ms_per_lease'])} ms CPU per lease, RSS "
+            f"gateway {_fmt(gateway['gateway_cpu_ms_per_lease'])} ms CPU per lease"
+            + (
+                f" (the clients' {_fmt(gateway['client_cpu_ms_per_lease'])} ms, over "
+                f"{gateway['client_processes']} processes)"
+                if "client_cpu_ms_per_lease" in gateway
+                else ""
+            )
+            + ", RSS "
             f"{_fmt(gateway['gateway_rss_mb'])} MiB; pool back at its target "
             f"{_fmt(gateway['pool_refill_seconds'])} s after the last release.",
         ]
@@ -738,9 +745,10 @@ def update_docs(results: dict[str, Any], figures: list[tuple[str, str]], out: Pa
     """Replace the generated section of `docs` (appended if it has none) and copy the assets beside it."""
     assets_dir = docs.parent / docs.stem
     assets_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(out / "results.json", assets_dir / "results.json")
-    for file_name, _ in figures:
-        shutil.copy(out / file_name, assets_dir / file_name)
+    if out.resolve() != assets_dir.resolve():  # `--out docs/benchmarks` writes them in place
+        shutil.copy(out / "results.json", assets_dir / "results.json")
+        for file_name, _ in figures:
+            shutil.copy(out / file_name, assets_dir / file_name)
     section = render_section(results, figures, docs.stem)
     text = docs.read_text() if docs.exists() else "# Benchmarks\n"
     if BEGIN in text and END in text:

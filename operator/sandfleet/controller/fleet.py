@@ -336,7 +336,7 @@ class Operator:
             # One failure per pass, however many creates it tried: the same refusal (a missing
             # ServiceAccount, a quota) repeated 500 times is one reason, and counted 500 times it
             # put a new namespace's pool straight into the longest backoff (5 minutes).
-            worker.failures = worker.failures.record(1, time.time())
+            worker.failures = worker.failures.record(1, time.time(), rejected[0])
             if time.time() - worker.last_create_error_event_at > CREATE_ERROR_EVENT_SECONDS:
                 worker.last_create_error_event_at = time.time()
                 await self._event(worker, "Warning", "CreateFailed", rejected[0])

@@ -64,6 +64,9 @@ class FailureState:
     streak: int = 0
     streak_started_at: float = 0.0
     last_failure_at: float = 0.0
+    # The apiserver's words when the last failure was a pass of refused creates; "" when it was a
+    # sandbox that broke or never got Ready.
+    refusal: str = ""
 
     @property
     def degraded(self) -> bool:
@@ -78,10 +81,12 @@ class FailureState:
     def next_attempt_at(self) -> float:
         return self.last_failure_at + self.backoff_seconds()
 
-    def record(self, count: int, now: float) -> FailureState:
-        """The streak after `count` more sandboxes failed at `now`."""
+    def record(self, count: int, now: float, refusal: str = "") -> FailureState:
+        """The streak after `count` more failures at `now` (`refusal`: the creates were refused so)."""
         started = self.streak_started_at if self.streak else now
-        return replace(self, streak=self.streak + count, streak_started_at=started, last_failure_at=now)
+        return replace(
+            self, streak=self.streak + count, streak_started_at=started, last_failure_at=now, refusal=refusal
+        )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from sandfleet.core.pods import pool_selector
 READY = "Ready"
 DEGRADED = "Degraded"
 CAPACITY_LIMITED = "CapacityLimited"
+# The apiserver's refusal as a condition quotes it: enough for its reason, not a whole webhook's page.
+REFUSAL_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,15 @@ def conditions(pool: PoolSpec, plan: PoolPlan, now: float) -> list[dict[str, Any
     else:
         ready = ("False", "Filling", f"{ready_total} of {plan.wanted} warm sandboxes ready")
     failures = plan.failures
-    if failures.degraded:
+    if failures.degraded and failures.refusal:
+        degraded = (
+            "True",
+            "CreatesRefused",
+            f"the apiserver refused this pool's sandbox Pods {failures.streak} passes in a row, last: "
+            f"{failures.refusal[:REFUSAL_CHARS]}; next attempt at {_timestamp(failures.next_attempt_at())}. "
+            "Check the namespace's ServiceAccount, quotas and admission policies.",
+        )
+    elif failures.degraded:
         # An absolute time, not a countdown: the message must not change (and be rewritten) every pass.
         degraded = (
             "True",

@@ -247,7 +247,13 @@ def test_creates_refused_for_a_while_back_off_per_pass_and_fill_once_allowed(
         return any(e["reason"] == "CreateFailed" and "403" in e["message"] for e in events)
 
     wait_until(refused, timeout=60, what="the operator's creates to be refused")
-    time.sleep(3.0)  # a few more passes are refused too
+
+    def degraded_by_refusal() -> bool:
+        found = condition(kube, "refused", "Degraded")
+        return found.get("reason") == "CreatesRefused" and "forbidden" in found.get("message", "")
+
+    # After three refused passes the pool is Degraded, quoting the apiserver, not "not Ready within".
+    wait_until(degraded_by_refusal, timeout=60, what="Degraded: CreatesRefused, with the apiserver's words")
     kube("delete", "resourcequota", "no-pods")
     lifted = time.monotonic()
     # Refused passes back off 10 s, 20 s, ... (one probe at a time while Degraded), never 5 minutes.

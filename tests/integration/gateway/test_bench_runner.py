@@ -32,12 +32,16 @@ def run_bench(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[
     return subprocess.run([str(RUN), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def bench_runner() -> ModuleType:
+def bench_module(name: str) -> ModuleType:
     sys.path.insert(0, str(REPO / "bench"))
     try:
-        return importlib.import_module("runner")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO / "bench"))
+
+
+def bench_runner() -> ModuleType:
+    return bench_module("runner")
 
 
 def synthetic_results() -> dict[str, Any]:
@@ -191,6 +195,17 @@ def test_the_report_section_is_regenerated_from_the_json_and_the_prose_kept(tmp_
 
 @pytest.mark.cluster
 @pytest.mark.gvisor
+def test_the_scale_run_counts_a_sandbox_held_by_two_leases_at_once() -> None:
+    double_leases = bench_module("operator_scale").double_leases
+    # (sandbox, lease id, granted at, released at), from any of the client processes, in any order
+    one_after_another = [("a", "l1", 1.0, 2.0), ("a", "l2", 2.0, 3.0), ("b", "l3", 1.5, 2.5)]
+    assert double_leases(one_after_another) == 0
+    assert double_leases([("a", "l2", 1.5, 2.5), *one_after_another]) == 2  # overlaps l1, then l2
+    # within a long hold: each of the later two, though they do not overlap each other
+    assert double_leases([("c", "l4", 5.0, 9.0), ("c", "l5", 6.0, 7.0), ("c", "l6", 8.0, 8.5)]) == 2
+    assert double_leases([]) == 0
+
+
 def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     result = run_bench("--short", "--only", "operator_scale,rl_loop", "--out", str(tmp_path), "--no-docs")
     assert result.returncode == 0, result.stderr[-4000:]
@@ -213,6 +228,10 @@ def test_short_mode_through_the_runner(tmp_path: Path) -> None:
     assert scale["apiserver"]["clients"]["requests"] > 0
     gateway = scale["gateway"]
     assert gateway["leases"] == gateway["clients"] * gateway["rounds_per_client"]
+    # The clients are several processes, each from a loopback address of its own, and their CPU is
+    # reported beside the gateway's: the load generator is not what is measured.
+    assert gateway["client_processes"] > 1
+    assert gateway["client_cpu_ms_per_lease"] > 0
     assert gateway["duplicate_lease_ids"] == 0
     assert gateway["concurrent_double_leases"] == 0
     assert gateway["errors"] == {}

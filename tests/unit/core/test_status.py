@@ -46,6 +46,20 @@ def test_degraded_reports_the_backoff() -> None:
     assert "next attempt at 1970-01-01T00:01:50Z" in str(degraded["message"])
 
 
+def test_degraded_by_refused_creates_quotes_the_apiserver() -> None:
+    refusal = 'pods "python-x" is forbidden: error looking up service account ns/default' + "!" * 500
+    failures = FailureState("h", 3, 10.0, 90.0).record(1, 95.0, refusal)
+    degraded = by_type(make_plan(ready=0, failures=failures))["Degraded"]
+    message = str(degraded["message"])
+    assert (degraded["status"], degraded["reason"]) == ("True", "CreatesRefused")
+    assert "4 passes in a row" in message
+    assert "error looking up service account ns/default" in message
+    assert len(message) < 500  # quoted, not the whole of it
+    # A sandbox that then fails to get Ready is the other kind of failure: the message says so.
+    after = failures.record(1, 100.0)
+    assert by_type(make_plan(ready=0, failures=after))["Degraded"]["reason"] == "SandboxesNotReady"
+
+
 def test_transition_times_survive_unchanged_statuses() -> None:
     first, changes = merge_conditions([], conditions(POOL, make_plan(ready=3), 100.0), 100.0)
     assert {c.type for c in changes} == {"Ready"}
