@@ -4,14 +4,19 @@ Installs the chart on the real-node cluster of the e2e tests (its own state dir 
 if it is not running, and stopped again unless --keep) with two pools of the base sandbox image,
 both keeping their leases in the lease ledger (the default): `fresh` (every released Pod is deleted
 and replaced) and `recycled` (`recycle`: the agent resets the Pod and the run's next lease gets it
-back). For each, rounds of one RL step each go through the chart's gateway: a batch of `--batch`
+back). One pool holds Pods at a time, the other scaled to 0: two pools of 16 and their
+replacements, 32 gVisor sandboxes on two cores, missed their readiness probes (load average near
+80), and a pool churning beside the one being counted would be counted with it.
+
+For each pool, rounds of one RL step each go through the chart's gateway: a batch of `--batch`
 episodes of one run (one batch acquire, one exec in each sandbox, one release of the run), and
 each round is counted from the apiserver's own `apiserver_request_total` from its acquire until
 the pool has settled again (the replacement Pods of `fresh` created, bound and Ready). The
 cluster's idle writes (node and gateway heartbeats, measured over a quiet window before each pool)
-are subtracted at their rate.
+are subtracted at their rate. The gateways' own reset counters show how the recycled pool's resets
+ended (a failed reset deletes the Pod, which would show here as Pod creates).
 
-    .venv/bin/python bench/recycle_writes.py                 # 3 rounds of a 16-episode step per pool
+    .venv/bin/python bench/recycle_writes.py                 # 3 rounds of an 8-episode step per pool
     .venv/bin/python bench/recycle_writes.py --batch 4       # quicker
 
 Prints progress and a summary on stderr, then one JSON object as the last line of stdout (and,
@@ -46,7 +51,12 @@ CLUSTER = REPO / "hack" / "cluster"
 SANDBOX_REF = "localhost/sandfleet/sandbox:0.1.0"
 POOLS = ("fresh", "recycled")
 IDLE_SECONDS = 15.0
-PSA_LABELS = ("pod-security.kubernetes.io/enforce=baseline", "pod-security.kubernetes.io/warn=restricted")
+# The chart refuses a namespace without all three (podSecurity.checkNamespace).
+PSA_LABELS = (
+    "pod-security.kubernetes.io/enforce=baseline",
+    "pod-security.kubernetes.io/warn=restricted",
+    "pod-security.kubernetes.io/audit=restricted",
+)
 
 
 def log(message: str) -> None:
@@ -124,7 +134,6 @@ def values(warm: int) -> dict[str, Any]:
     pool = {
         "image": SANDBOX_REF,
         "imagePullPolicy": "Never",
-        "replicas": warm,
         "regions": [{"name": "us-east1"}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
     }
@@ -133,14 +142,15 @@ def values(warm: int) -> dict[str, Any]:
         "operator": {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}},
         "gateway": {"resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}},
         "pools": [
-            {"name": "fresh", **pool},
-            {"name": "recycled", **pool, "recycle": {"maxEpisodes": 1000, "maxSeconds": 3600}},
+            {"name": "fresh", **pool, "replicas": warm},
+            # Scaled up once `fresh` is measured and scaled to 0.
+            {"name": "recycled", **pool, "replicas": 0, "recycle": {"maxEpisodes": 1000, "maxSeconds": 3600}},
         ],
     }
 
 
-def settled(node: RealNode, namespace: str, pool: str, warm: int) -> bool:
-    """Every Pod of the pool Ready and none going, and its warm target free again (by its ledger)."""
+def unsettled(node: RealNode, namespace: str, pool: str, warm: int) -> str:
+    """Why the pool is not settled yet ("" once every Pod is Ready, none going, its warm target free)."""
     listed = json.loads(
         node.kubectl("-n", namespace, "get", "pods", "-l", f"{api.POOL_LABEL}={pool}", "-o", "json")
     )
@@ -149,23 +159,87 @@ def settled(node: RealNode, namespace: str, pool: str, warm: int) -> bool:
     for obj in ledgers["items"]:
         ledger = ledger_from_object(obj)
         entries[ledger.shard] = ledger.entries
-    free = 0
+    free = going = unready = 0
     for pod in listed["items"]:
         sandbox = sandbox_from_pod(pod)
-        if sandbox is None or sandbox.terminating or not sandbox.ready:
-            return False
+        if sandbox is None or sandbox.terminating:
+            going += 1
+            continue
+        if not sandbox.ready:
+            unready += 1
+            continue
         if sandbox.shard is not None:
             sandbox = overlay(sandbox, entries.get(sandbox.shard, {}).get(sandbox.name))
         free += sandbox.free
-    return free >= warm
+    if going or unready or free < warm:
+        pods = len(listed["items"])
+        return f"{pods} Pods: {going} going, {unready} not Ready, {free} free of {warm} wanted"
+    return ""
 
 
 def wait_settled(node: RealNode, namespace: str, pool: str, warm: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    while not settled(node, namespace, pool, warm):
+    while reason := unsettled(node, namespace, pool, warm):
         if time.monotonic() > deadline:
-            raise SystemExit(f"pool {pool} did not settle within {timeout:.0f} s")
+            raise SystemExit(f"pool {pool} did not settle within {timeout:.0f} s: {reason}")
         time.sleep(0.5)
+
+
+def scale(node: RealNode, namespace: str, pool: str, replicas: int) -> None:
+    patch = json.dumps({"spec": {"replicas": replicas}})
+    node.kubectl("-n", namespace, "patch", "sandboxpool", pool, "--type", "merge", "-p", patch)
+
+
+def wait_empty(node: RealNode, namespace: str, pool: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    selector = f"{api.POOL_LABEL}={pool}"
+    while json.loads(node.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))["items"]:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"pool {pool} still has Pods {timeout:.0f} s after scaling to 0")
+        time.sleep(1)
+
+
+def reset_outcomes(node: RealNode, namespace: str, pool: str) -> dict[str, float]:
+    """The pool's resets by outcome, summed over the gateway replicas' own counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gateways = json.loads(
+        node.kubectl(
+            "-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=gateway", "-o", "json"
+        )
+    )
+    outcomes: dict[str, float] = {}
+    for pod in gateways["items"]:
+        port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}:{port}/proxy/metrics"
+        for family in text_string_to_metric_families(node.kubectl("get", "--raw", path)):
+            for sample in family.samples:
+                if sample.name == "sandfleet_sandbox_resets_total" and sample.labels.get("pool") == pool:
+                    result = sample.labels["result"]
+                    outcomes[result] = outcomes.get(result, 0.0) + sample.value
+    return outcomes
+
+
+def event_counts(node: RealNode, namespace: str) -> dict[str, tuple[str, int]]:
+    """Each Event of the namespace by uid: its component and reason, and how often it happened."""
+    listed = json.loads(node.kubectl("-n", namespace, "get", "events", "-o", "json"))
+    counts = {}
+    for event in listed["items"]:
+        series = event.get("series") or {}
+        count = int(series.get("count") or event.get("count") or 1)
+        source = (event.get("source") or {}).get("component") or event.get("reportingComponent") or "?"
+        counts[event["metadata"]["uid"]] = (f"{source} {event.get('reason')}", count)
+    return counts
+
+
+def events_between(before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]]) -> dict[str, int]:
+    """What happened between two snapshots, by component and reason (each count's growth)."""
+    grown: dict[str, int] = {}
+    for uid, (reason, count) in after.items():
+        delta = count - before.get(uid, (reason, 0))[1]
+        if delta > 0:
+            grown[reason] = grown.get(reason, 0) + delta
+    return dict(sorted(grown.items(), key=lambda item: -item[1]))
 
 
 def total(delta: dict[str, int]) -> int:
@@ -187,6 +261,7 @@ def measure_pool(
     run = f"bench-{pool}"
     names: set[str] = set()
     for index in range(rounds):
+        events_before = event_counts(node, namespace)
         before, started = node.writes(), time.monotonic()
         leased = time.monotonic()
         leases = fleet.acquire(pool, count=batch, min_count=batch, labels={"run": run}, wait_seconds=120)
@@ -201,6 +276,7 @@ def measure_pool(
         seconds = time.monotonic() - started
         delta = request_delta(before, node.writes())
         net = total(delta) - idle_rate * seconds
+        events = events_between(events_before, event_counts(node, namespace))
         per_round.append(
             {
                 "writes_per_episode": round(net / batch, 3),
@@ -208,11 +284,12 @@ def measure_pool(
                 "seconds": round(seconds, 1),
                 "pods_used": len(names),
                 "writes": delta,
+                "events": events,
             }
         )
         log(
             f"{pool} round {index + 1}/{rounds}: {net / batch:.3f} writes per episode net, "
-            f"{len(names)} Pods so far, {seconds:.1f} s"
+            f"{len(names)} Pods so far, {seconds:.1f} s; events {events}"
         )
     return {
         "writes_per_episode_median": statistics.median(r["writes_per_episode"] for r in per_round),
@@ -225,7 +302,7 @@ def measure_pool(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16, help="episodes per step (one batch acquire)")
+    parser.add_argument("--batch", type=int, default=8, help="episodes per step (one batch acquire)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     parser.add_argument("--json", type=Path)
@@ -262,10 +339,15 @@ def main() -> int:
             node.kubectl("-n", namespace, "get", "service", "sandfleet-gateway", "-o", "json")
         )
         url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+        result: dict[str, dict[str, Any]] = {}
         with Fleet(url=url, token=token, timeout=120) as fleet:
-            result = {
-                pool: measure_pool(node, fleet, namespace, pool, args.batch, args.rounds) for pool in POOLS
-            }
+            for pool in POOLS:
+                scale(node, namespace, pool, args.batch)
+                result[pool] = measure_pool(node, fleet, namespace, pool, args.batch, args.rounds)
+                result[pool]["resets"] = reset_outcomes(node, namespace, pool)
+                log(f"{pool}: resets by outcome {result[pool]['resets']}")
+                scale(node, namespace, pool, 0)
+                wait_empty(node, namespace, pool)
     finally:
         if namespace:
             subprocess.run(
