@@ -589,7 +589,13 @@ def test_apiserver_stop_mid_batch_every_caller_gets_its_leases_or_a_clear_error(
         flush=True,
     )
     _report(callers)
-    assert any(len(c.attempts) > 1 or c.error for c in callers), "no caller's batch met the outage"
+    # A batch met the outage if it was retried, ended in an error, or was in flight across the stop
+    # (the gateway may hold an answer until its ledger write commits after the apiserver is back).
+    met = [
+        c for c in callers
+        if len(c.attempts) > 1 or c.error or any(a.started <= stopped_at <= a.ended for a in c.attempts)
+    ]  # fmt: skip
+    assert met, "no caller's batch met the outage"
     assert all(g.alive for g in fleet.gateways), "a gateway replica died in the outage"
     _check_answers(fleet, callers)
     _check_pods(fleet, callers, callers, back_at)
