@@ -149,18 +149,23 @@ def values(warm: int) -> dict[str, Any]:
     }
 
 
-def unsettled(node: RealNode, namespace: str, pool: str, warm: int) -> str:
-    """Why the pool is not settled yet ("" once every Pod is Ready, none going, its warm target free)."""
+def pool_pods(node: RealNode, namespace: str, pool: str) -> list[dict[str, Any]]:
     listed = json.loads(
         node.kubectl("-n", namespace, "get", "pods", "-l", f"{api.POOL_LABEL}={pool}", "-o", "json")
     )
+    return list(listed["items"])
+
+
+def unsettled(node: RealNode, namespace: str, pool: str, warm: int) -> str:
+    """Why the pool is not settled yet ("" once every Pod is Ready, none going, its warm target free)."""
+    pods = pool_pods(node, namespace, pool)
     ledgers = json.loads(node.kubectl("-n", namespace, "get", api.LEDGER_PLURAL, "-o", "json"))
     entries = {}
     for obj in ledgers["items"]:
         ledger = ledger_from_object(obj)
         entries[ledger.shard] = ledger.entries
     free = going = unready = 0
-    for pod in listed["items"]:
+    for pod in pods:
         sandbox = sandbox_from_pod(pod)
         if sandbox is None or sandbox.terminating:
             going += 1
@@ -172,8 +177,7 @@ def unsettled(node: RealNode, namespace: str, pool: str, warm: int) -> str:
             sandbox = overlay(sandbox, entries.get(sandbox.shard, {}).get(sandbox.name))
         free += sandbox.free
     if going or unready or free < warm:
-        pods = len(listed["items"])
-        return f"{pods} Pods: {going} going, {unready} not Ready, {free} free of {warm} wanted"
+        return f"{len(pods)} Pods: {going} going, {unready} not Ready, {free} free of {warm} wanted"
     return ""
 
 
@@ -192,8 +196,7 @@ def scale(node: RealNode, namespace: str, pool: str, replicas: int) -> None:
 
 def wait_empty(node: RealNode, namespace: str, pool: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    selector = f"{api.POOL_LABEL}={pool}"
-    while json.loads(node.kubectl("-n", namespace, "get", "pods", "-l", selector, "-o", "json"))["items"]:
+    while pool_pods(node, namespace, pool):
         if time.monotonic() > deadline:
             raise SystemExit(f"pool {pool} still has Pods {timeout:.0f} s after scaling to 0")
         time.sleep(1)
