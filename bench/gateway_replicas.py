@@ -10,7 +10,8 @@ machine's shared cores, and with a CPU quota of their own each (`REPLICA_CPU`, a
 load generator, that is how "do replicas add capacity" can be read. Per configuration it reports
 the burst's p50/p99 and throughput, the apiserver's own count of lease writes per lease (Pod
 patches, or ledger patches and creates) and of 409 conflicts among them (machine-independent), and
-the CPU of the gateways, the apiserver and the load generator over the burst alone, so the load
+the CPU of the gateways, the apiserver and the load generator over the burst alone (and, where
+replicas have a quota, each one's as read back from its cgroup after the burst), so the load
 generator is not what is measured: three client processes in every configuration, each a lean HTTP
 client (bench/rawhttp.py). Each gateway has served a few requests first, as a running one has.
 Medians over `--repeats` fresh bursts, configurations interleaved. Prints progress, then one JSON
@@ -117,6 +118,10 @@ def measure(
     throttled_before = quotas.throttled() if quotas is not None else 0
     burst = rawhttp.burst(urls, TOKEN, size, run, on_start=clock.start, on_end=clock.stop)
     throttled = quotas.throttled() - throttled_before if quotas is not None else 0
+    # Proof the quota was in force over the burst: each replica's group, read back after it, has
+    # the quota and still holds the replica (throttling alone cannot say: a replica may never get
+    # its share of a loaded machine, or need all of it).
+    in_force = [quotas.check(pid) for pid in pids] if quotas is not None else []
     writes_after = lease_writes(bench)
     apiserver_cpu = clock.used.pop("apiserver")
     gateway_cpu = sum(clock.used.values())
@@ -141,7 +146,10 @@ def measure(
         "gateway_cpu_ms_per_lease": gateway_cpu / size * 1000,
         # How busy the replicas were over the burst, in cores each (at their quota: they were the bound).
         "gateway_cores_each": gateway_cpu / replicas / burst["wall_s"],
-        # With a quota of their own: the 100 ms periods in which a replica used all of it and waited.
+        # With a quota of their own: each replica's, as read back from its cgroup ([]: none).
+        "quota": in_force,
+        # The 100 ms periods in which a replica used all of its quota and waited (informational: a
+        # correct run may have none, when the burst's CPU comes in short spurts).
         "quota_throttled_periods": throttled,
         "apiserver_cpu_ms_per_lease": apiserver_cpu / size * 1000,
         "client_cpu_ms_per_lease": burst["client_cpu_s"] / size * 1000,
@@ -151,6 +159,20 @@ def measure(
         "replica_p50_spread": burst["replica_p50_spread"],
         "load_average_1m": os.getloadavg()[0],
     }
+
+
+def figures(run: dict[str, Any]) -> dict[str, float]:
+    """A configuration's numeric figures: all but the quotas read back."""
+    return {key: value for key, value in run.items() if key != "quota"}
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of a configuration's figures over its rounds; the quotas read back, of every round."""
+    medians: dict[str, Any] = {
+        key: round(statistics.median(run[key] for run in results), 3) for key in figures(results[0])
+    }
+    medians["quota"] = [in_force for run in results for in_force in run["quota"]]
+    return medians
 
 
 def main() -> None:
@@ -169,13 +191,10 @@ def main() -> None:
             for round_ in range(repeats):
                 for name, (store, replicas, cpu) in CONFIGS.items():  # interleaved: drift hits all alike
                     runs[name].append(measure(bench, name, store, replicas, cpu, size, round_))
-                    log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[name][-1].items()))
+                    log(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures(runs[name][-1]).items()))
         finally:
             bench.teardown()
-    medians = {
-        name: {key: round(statistics.median(run[key] for run in results), 3) for key in results[0]}
-        for name, results in runs.items()
-    }
+    medians = {name: summary(results) for name, results in runs.items()}
     pod_1, pod_3, ledger_1, ledger_3, own_1, own_3 = (medians[name] for name in CONFIGS)
     result = {
         "burst_size": size,

@@ -25,7 +25,14 @@ def test_a_group_at_the_head_does_not_block_a_single_behind_it_and_is_served_its
         group = pool.submit(
             timed, a.post, "/v1/leases", json={"pool": "python", "count": 3, "wait_seconds": 40}
         )
-        time.sleep(0.5)
+        # The single is sent once /v1/pools shows the group queued, so it arrives behind it.
+        wait_until(
+            lambda: group.done() or capacity.pool()["waiting"] == 1,
+            timeout=20,
+            what="the group of 3 to be queued",
+            interval=0.05,
+        )
+        assert not group.done(), f"the group was served before it queued: {group.result()[0].text}"
         single, seconds = timed(b.post, "/v1/leases", json={"pool": "python", "wait_seconds": 8})
         assert single.status_code == 201, single.text  # before: 504 after its whole wait
         assert seconds < 4

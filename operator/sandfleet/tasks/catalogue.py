@@ -264,6 +264,20 @@ def parse_catalogue(text: str, name: str = "<catalogue>") -> Catalogue:
         ) from None
 
 
+# YAML reads these as line breaks and folds them (PyYAML writes them raw in plain and quoted
+# scalars), so a string holding one only survives a round trip double-quoted, where it is escaped.
+_FOLDED_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
+
+
+def _scalar_style(value: str) -> str | None:
+    """Double quotes for YAML's other line breaks, a block for plain multi-line text, else PyYAML's."""
+    if any(brk in value for brk in _FOLDED_BREAKS):
+        return '"'
+    if "\n" in value and not value.endswith((" ", "\t")):
+        return "|"
+    return None
+
+
 def dump_catalogue(catalogue: Catalogue) -> str:
     """The catalogue as YAML, in field order, with block strings for multi-line text."""
 
@@ -271,8 +285,7 @@ def dump_catalogue(catalogue: Catalogue) -> str:
         pass
 
     def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-        style = "|" if "\n" in value and not value.endswith((" ", "\t")) and "\r" not in value else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=_scalar_style(value))
 
     Dumper.add_representer(str, text)
     data = catalogue.model_dump(mode="json", exclude_defaults=True)

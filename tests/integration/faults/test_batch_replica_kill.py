@@ -6,14 +6,16 @@ SANDFLEET_FAULT_BATCH_SIZE=N for another size), one operator and 3 gateway repli
 idempotency key, and retry the same request at another replica on a 503 or a broken connection.
 Once the Pods show claims under their keys, either the replica serving two of them is SIGKILLed
 (the other two ask first, for more, so the victim's batches wait for refills with claims made),
-or the apiserver stops for OUTAGE_SECONDS (SIZE/2 sandboxes: claims in flight at the stop may be
-written with their answers lost). The cluster's record (the Pods and their shards' ledgers, read
-by the harness's own watches) is the truth: every caller holds at least its minimum or got the
-documented 504, no Pod is held by two callers, every leased Pod is held by a caller who knows it
-or is a claim made before the cut that no caller received (docs/gateway.md: a claim in flight
-when its replica died, or whose answer the outage lost), bounded by what it was claiming, expiring
-at its TTL and reaped; a caller asked once more with its key gets the same leases; then the
-invariants over the whole run.
+or the apiserver stops for OUTAGE_SECONDS while every batch waits for sandboxes that only the test
+supplies after it is back (SIZE/2 sandboxes; answers held or lost across the outage). Either fault
+is certain to meet the batches in flight: they wait for sandboxes nobody else can bring, and for
+longer than the harness can take to see their claims. The cluster's record (the Pods and their
+shards' ledgers, read by the harness's own watches) is the truth: every caller holds at least its
+minimum or got the documented 504, no Pod is held by two callers, every leased Pod is held by a
+caller who knows it or is a claim made before the cut that no caller received (docs/gateway.md: a
+claim in flight when its replica died, or whose answer the outage lost), bounded by what it was
+claiming, expiring at its TTL and reaped; a caller asked once more with its key gets the same
+leases; then the invariants over the whole run.
 
 The sandboxes have no agent (readiness.py): a thousand agent processes do not fit on the small
 machines this runs on, and the test never touches the data plane.
@@ -67,6 +69,11 @@ MIN_COUNT = COUNT * 3 // 5
 # 5-40 s measured on 2 busy cores); the dead replica's unheld claims end at it, so it bounds the test.
 TTL = 90
 WAIT = 10.0  # each batch's wait_seconds: a retry short of its count waits all of it
+# A batch the fault must meet in flight waits this long (the harness sees its claims within a
+# second or two); the apiserver-stop test's also wait across the outage and the refill after it,
+# and its leases outlast both (the claims made before the stop date from its start).
+HELD_WAIT = 60.0
+HELD_TTL = 150
 # A caller's own bound on its acquire, retries included: one attempt may take the gateway's 30 s
 # apiserver timeout and end in a 503, which the contract says to retry elsewhere.
 ANSWER_SECONDS = 90.0
@@ -153,7 +160,7 @@ def batch_fleet(
                 "replicas": SIZE,
                 "regions": regions,
                 "template": {"image": "sandfleet/sandbox:0.1.0", "imagePullPolicy": "Never"},
-                "lease": {"defaultTTLSeconds": TTL, "maxTTLSeconds": TTL},
+                "lease": {"defaultTTLSeconds": TTL, "maxTTLSeconds": HELD_TTL},
             },
         }
     )
@@ -224,6 +231,9 @@ class Caller:
     first: int
     count: int = COUNT
     min_count: int = MIN_COUNT
+    wait: float = WAIT  # each attempt's wait_seconds
+    first_wait: float | None = None  # the first attempt's, where the fault must meet it in flight
+    ttl: int = TTL
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     attempts: list[Attempt] = field(default_factory=list)
     leases: list[Lease] = field(default_factory=list)
@@ -245,15 +255,19 @@ def _next_replica(gateways: list[Replica], caller: Caller, failed: int) -> int:
 async def _ask(fleet: BatchFleet, caller: Caller) -> None:
     """The documented contract: a broken connection or a 503 is retried, same key, at another replica."""
     replica = caller.first
-    deadline = time.monotonic() + ANSWER_SECONDS
+    first_wait = caller.wait if caller.first_wait is None else caller.first_wait
+    answer_seconds = ANSWER_SECONDS + max(caller.wait, first_wait) - WAIT
+    deadline = time.monotonic() + answer_seconds
     while time.monotonic() < deadline:
         started = time.time()
         url = fleet.gateways[replica].url
-        async with AsyncFleet(url, token=caller.token, timeout=WAIT + 30, retries=0) as f:
+        wait = caller.wait if caller.attempts else first_wait
+        async with AsyncFleet(url, token=caller.token, timeout=wait + 30, retries=0) as f:
             try:
                 caller.leases = await f.acquire(
-                    POOL, count=caller.count, min_count=caller.min_count, wait_seconds=WAIT, ttl_seconds=TTL,
-                    idempotency_key=caller.key, labels={"run": f"batch-kill-{caller.index}"},
+                    POOL, count=caller.count, min_count=caller.min_count, wait_seconds=wait,
+                    ttl_seconds=caller.ttl, idempotency_key=caller.key,
+                    labels={"run": f"batch-kill-{caller.index}"},
                 )  # fmt: skip
             except SandfleetError as error:
                 caller.attempts.append(
@@ -271,17 +285,17 @@ async def _ask(fleet: BatchFleet, caller: Caller) -> None:
         replica = _next_replica(fleet.gateways, caller, replica)
         await asyncio.sleep(0.2)
     raise AssertionError(
-        f"caller {caller.index} had no answer within {ANSWER_SECONDS:.0f}s: {caller.attempts}\n"
+        f"caller {caller.index} had no answer within {answer_seconds:.0f}s: {caller.attempts}\n"
         + _logs(fleet)
     )
 
 
 async def _ask_again(fleet: BatchFleet, caller: Caller) -> list[Lease]:
     replica = _next_replica(fleet.gateways, caller, caller.attempts[-1].replica)
-    async with AsyncFleet(fleet.gateways[replica].url, token=caller.token, timeout=WAIT + 30) as f:
+    async with AsyncFleet(fleet.gateways[replica].url, token=caller.token, timeout=caller.wait + 30) as f:
         return await f.acquire(
-            POOL, count=caller.count, min_count=caller.min_count, wait_seconds=WAIT, ttl_seconds=TTL,
-            idempotency_key=caller.key, labels={"run": f"batch-kill-{caller.index}"},
+            POOL, count=caller.count, min_count=caller.min_count, wait_seconds=caller.wait,
+            ttl_seconds=caller.ttl, idempotency_key=caller.key, labels={"run": f"batch-kill-{caller.index}"},
         )  # fmt: skip
 
 
@@ -296,7 +310,7 @@ def _claims_under(fleet: BatchFleet, keys: set[str]) -> int:
 async def _kill_mid_batch(fleet: BatchFleet, victim: int, callers: list[Caller]) -> tuple[float, int]:
     """SIGKILL the victim once the Pods carry KILL_AFTER of its callers' claims; (when, claims seen)."""
     keys = {c.key for c in callers if c.first == victim}
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + HELD_WAIT
     while time.monotonic() < deadline:
         answered = [c.attempts for c in callers if c.first == victim and c.attempts]
         assert len(answered) < len(keys), (
@@ -311,15 +325,22 @@ async def _kill_mid_batch(fleet: BatchFleet, victim: int, callers: list[Caller])
     raise AssertionError(f"the victim's callers never had {KILL_AFTER} claims on the Pods\n{_logs(fleet)}")
 
 
-async def _stop_apiserver_mid_batch(fleet: BatchFleet, callers: list[Caller]) -> tuple[float, float, int]:
-    """Stop the apiserver once the Pods carry KILL_AFTER of the callers' claims, for OUTAGE_SECONDS.
+async def _stop_apiserver_mid_batch(
+    fleet: BatchFleet, callers: list[Caller], refill: int
+) -> tuple[float, float, int]:
+    """Stop the apiserver once the Pods carry KILL_AFTER of the callers' claims, for OUTAGE_SECONDS;
+    once it is back, raise the pool to `refill` so the waiting batches can be served.
 
-    (When it stopped, when it was ready again, the claims seen before the stop.)
+    The callers' batches cannot be answered before that refill (the pool holds fewer than any
+    minimum, and their wait outlasts the outage), so the stop meets every one of them in flight:
+    nothing here depends on how fast the machine is. (When it stopped, when it was ready again, the
+    claims seen before the stop.)
     """
     keys = {c.key for c in callers}
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + min(c.wait for c in callers)
     while time.monotonic() < deadline:
-        assert not all(c.attempts for c in callers), "every caller was answered before the stop"
+        answered = [c.index for c in callers if c.attempts]
+        assert not answered, f"callers {answered} were answered before the stop, from a pool short of them"
         claimed = _claims_under(fleet, keys)
         if claimed >= KILL_AFTER:
             apiserver = fleet.cluster.daemon("kube-apiserver")
@@ -332,7 +353,10 @@ async def _stop_apiserver_mid_batch(fleet: BatchFleet, callers: list[Caller]) ->
                 await asyncio.to_thread(
                     wait_until, fleet.cluster.apiserver_ready, 90, "the apiserver back", 0.5
                 )
-            return stopped_at, time.time(), claimed
+            back_at = time.time()
+            patch = json.dumps({"spec": {"replicas": refill}})
+            await asyncio.to_thread(fleet.kube, "patch", "sandboxpool", POOL, "--type=merge", "-p", patch)
+            return stopped_at, back_at, claimed
         await asyncio.sleep(0.01)
     raise AssertionError(f"the callers never had {KILL_AFTER} claims on the Pods\n{_logs(fleet)}")
 
@@ -428,7 +452,8 @@ def _release_and_check_history(
     def quiet() -> bool:
         return all(s.state == api.LEASE_FREE for s in fleet.recorded().values())
 
-    wait_until(quiet, TTL + BURST_REAP_SECONDS + 30, "every lease ended and its Pod reaped", 1.0)
+    ttl = max(c.ttl for c in callers)
+    wait_until(quiet, ttl + BURST_REAP_SECONDS + 30, "every lease ended and its Pod reaped", 1.0)
     time.sleep(1.0)  # the recorder's watch catches up with the last deletions
     pods = fleet.recorder.snapshot(since=started)
     violations = check_history(
@@ -540,6 +565,8 @@ def test_kill_9_of_a_replica_mid_batch_every_caller_gets_its_leases_or_a_clear_e
     for caller in callers:
         if caller.first == victim:  # what refills bring within the wait can satisfy a retry
             caller.min_count = COUNT // 5
+            # Nothing refills: its first batches wait all of HELD_WAIT, so the kill meets them.
+            caller.first_wait = HELD_WAIT
     killed_at, claimed_at_kill = asyncio.run(
         _batches(fleet, callers, lambda: _kill_mid_batch(fleet, victim, callers), first=others)
     )
@@ -566,21 +593,30 @@ def test_kill_9_of_a_replica_mid_batch_every_caller_gets_its_leases_or_a_clear_e
 def test_apiserver_stop_mid_batch_every_caller_gets_its_leases_or_a_clear_error(
     batch_fleet: BatchFleet,
 ) -> None:
-    """The apiserver stops while the batches' claims are being written and comes back after
-    OUTAGE_SECONDS: a claim in flight at the stop may have been written with its answer lost, so
-    this is where a lease could be granted twice or held by nobody who knows."""
+    """The apiserver stops while four batches wait, one of them with claims on record, and comes
+    back after OUTAGE_SECONDS; then the pool refills and the batches are served. Answers held or lost
+    across the outage, retries at other replicas with the same key, and claims written while their
+    callers had moved on: this is where a lease could be granted twice or held by nobody who knows.
+
+    The fault is certain to meet the batches in flight: the pool holds half of one batch, below
+    every caller's minimum, and only the refill the test starts after the outage can serve them.
+    """
     fleet = batch_fleet
     _all_replicas_up(fleet)
     size = SIZE // 2
-    filled = _fill(fleet, size)
-    started = time.time()
     count = size // CALLERS
+    min_count = count * 3 // 5
+    short = count // 2
+    assert KILL_AFTER <= short < min_count, "the pool must hold claims to see, and less than any minimum"
+    filled = _fill(fleet, short)
+    started = time.time()
     callers = [
-        Caller(i, fleet.tokens[i], i % len(fleet.gateways), count=count, min_count=count * 3 // 5)
+        Caller(i, fleet.tokens[i], i % len(fleet.gateways), count=count, min_count=min_count,
+               wait=HELD_WAIT, ttl=HELD_TTL)
         for i in range(CALLERS)
-    ]
+    ]  # fmt: skip
     stopped_at, back_at, claimed = asyncio.run(
-        _batches(fleet, callers, lambda: _stop_apiserver_mid_batch(fleet, callers))
+        _batches(fleet, callers, lambda: _stop_apiserver_mid_batch(fleet, callers, refill=size))
     )
     batch_seconds = time.time() - started
     print(
@@ -589,13 +625,10 @@ def test_apiserver_stop_mid_batch_every_caller_gets_its_leases_or_a_clear_error(
         flush=True,
     )
     _report(callers)
-    # A batch met the outage if it was retried, ended in an error, or was in flight across the stop
-    # (the gateway may hold an answer until its ledger write commits after the apiserver is back).
-    met = [
-        c for c in callers
-        if len(c.attempts) > 1 or c.error or any(a.started <= stopped_at <= a.ended for a in c.attempts)
-    ]  # fmt: skip
-    assert met, "no caller's batch met the outage"
+    # Every batch was in flight across the stop: its first attempt began before it and its last
+    # ended after it (held by its gateway, or retried at another replica through the outage).
+    missed = [c.index for c in callers if not (c.attempts[0].started <= stopped_at <= c.attempts[-1].ended)]
+    assert not missed, f"callers {missed} were not in flight across the stop"
     assert all(g.alive for g in fleet.gateways), "a gateway replica died in the outage"
     _check_answers(fleet, callers)
     _check_pods(fleet, callers, callers, back_at)

@@ -35,9 +35,14 @@ def test_gateway_replicas_short() -> None:
         f"ledger, 1 gateway, {cpu} CPU",
         f"ledger, 3 gateways, {cpu} CPU each",
     }
-    # The quota was in force: the lone replica on it used all of it and waited, period after period.
-    assert report["configs"][f"ledger, 1 gateway, {cpu} CPU"]["quota_throttled_periods"] > 0
-    assert report["configs"]["ledger, 1 gateway"]["quota_throttled_periods"] == 0
+    # The quota was in force: every replica's cgroup, read back after the burst, had the quota and
+    # held the replica. (Its throttled periods are reported, not asserted: a correct run can have
+    # none, when the burst's CPU comes in short spurts or a loaded machine never gives the replica
+    # its 0.3 of a core.)
+    in_force = {"quota_us": round(cpu * 100_000), "period_us": 100_000, "member": True}
+    confined = {f"ledger, 1 gateway, {cpu} CPU": 1, f"ledger, 3 gateways, {cpu} CPU each": 3}
+    for name, replicas in confined.items():
+        assert report["configs"][name]["quota"] == [in_force] * replicas * report["repeats"], name
     for name, figures in report["configs"].items():
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
         assert figures["leases_per_s"] > 0

@@ -171,6 +171,11 @@ def test_waiters_are_served_in_order_when_sandboxes_arrive(pool: Pool, start_gat
         async with httpx.AsyncClient(
             base_url=gateway.url, headers={"Authorization": "Bearer actor-token"}, timeout=60
         ) as client:
+
+            async def queued() -> int:
+                pools = (await client.get("/v1/pools")).json()["pools"]
+                return int(next(p for p in pools if p["name"] == "python")["waiting"])
+
             waiting = []
             for episode in range(3):
                 waiting.append(
@@ -181,9 +186,13 @@ def test_waiters_are_served_in_order_when_sandboxes_arrive(pool: Pool, start_gat
                         )
                     )
                 )
-                await asyncio.sleep(0.2)  # arrive in a known order
-            pools = (await client.get("/v1/pools")).json()["pools"]
-            assert next(p for p in pools if p["name"] == "python")["waiting"] == 3
+                # Each is queued before the next is sent: they arrive in a known order.
+                deadline = time.monotonic() + 30
+                while await queued() != episode + 1:
+                    assert not waiting[-1].done(), (await waiting[-1]).text
+                    assert time.monotonic() < deadline, f"acquire {episode} not queued within 30 s"
+                    await asyncio.sleep(0.05)
+            assert await queued() == 3
             await asyncio.to_thread(pool.add_sandboxes, 3)
             return list(await asyncio.gather(*waiting))
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from sandfleet.gateway.kube_policy import configmap_name
-from tests.integration.gateway.conftest import GatewayFactory, Pool
+from tests.integration.gateway.conftest import GatewayFactory, Pool, wait_for
 from tests.support.kube import Kubectl
 
 pytestmark = pytest.mark.cluster
@@ -29,9 +29,12 @@ def test_a_version_published_through_one_gateway_is_enforced_by_another(
         assert published.status_code == 200, published.text
         stored = kube.json("get", "configmap", configmap_name(run))
         assert json.loads(stored["data"]["policy.json"])["version"] == 9
-        # The other replica reads the ConfigMap (its cache lives at most a second).
-        time.sleep(1.1)
-        assert actor.get(f"/v1/runs/{run}/policy").json()["version"] == 9
+        # The other replica reads the ConfigMap (its cache lives at most a second): it sees 9 soon.
+        wait_for(
+            lambda: actor.get(f"/v1/runs/{run}/policy").json().get("version") == 9,
+            "the other replica to read version 9",
+            timeout=30,
+        )
         body = {"pool": "python", "labels": {"run": run}, "policy_version": 5, "wait_seconds": 1}
         refused = actor.post("/v1/leases", json=body)
         assert refused.status_code == 409

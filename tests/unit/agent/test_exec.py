@@ -61,17 +61,22 @@ def test_signal_exit_is_reported(agent: Agent) -> None:
 
 
 def test_timeout_kills_the_whole_process_group(agent: Agent) -> None:
-    marker = agent.root / "pids"
+    marker, partial = agent.root / "pids", agent.root / "pids.part"
     started = time.monotonic()
+    # Both pids are in the marker (renamed into place whole) before the command only sleeps, and
+    # the timeout leaves the shell seconds for that, so it never fires before the marker exists.
     body = agent.exec(
-        shell=f"sleep 60 & echo $! > {marker}; setsid sleep 61 & echo $! >> {marker}; sleep 62",
-        timeout_s=0.5,
+        shell=f"sleep 60 & echo $! > {partial}; setsid sleep 61 & echo $! >> {partial}; "
+        f"mv {partial} {marker}; sleep 62",
+        timeout_s=5,
     ).json()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # the timeout, not sleep 62, ended it
     assert body["timed_out"] is True
     assert body["killed"] is True
     assert body["signal"] == 9
-    for pid in map(int, marker.read_text().split()):
+    pids = [int(pid) for pid in marker.read_text().split()]
+    assert len(pids) == 2
+    for pid in pids:
         assert wait_dead(pid), f"process {pid} outlived the timeout"
 
 
