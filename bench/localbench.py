@@ -7,7 +7,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
@@ -20,6 +23,22 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def wait_for_serve(url: str, server: subprocess.Popen[bytes], server_log: Path, timeout: float) -> None:
+    """Until `sandfleet serve` at `url` is ready and still ours (exits with its log if it is not)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        # Ready, and still ours: a server that died on a taken port leaves another one answering.
+        try:
+            ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            ready = False
+        if ready and server.poll() is None:
+            return
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("serve did not get ready:\n" + server_log.read_text(errors="replace")[-3000:])
+        time.sleep(0.5)
 
 
 def log(name: str, message: str) -> None:

@@ -21,8 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-from localbench import free_port, log
+from localbench import free_port, log, wait_for_serve
 
 REPO = Path(__file__).resolve().parents[1]
 SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
@@ -49,20 +48,7 @@ def main() -> None:
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
             )  # fmt: skip
         try:
-            deadline = time.monotonic() + 1200  # the first run builds runsc and two images
-            while True:
-                # Ready, and still ours: a server that died on a taken port leaves another one answering.
-                try:
-                    ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-                except httpx.TransportError:
-                    ready = False
-                if ready and server.poll() is None:
-                    break
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(
-                        "serve did not get ready:\n" + server_log.read_text(errors="replace")[-3000:]
-                    )
-                time.sleep(0.5)
+            wait_for_serve(url, server, server_log, 1200)  # the first run builds runsc and two images
             log("rl", f"RL loop: 2 actors and a learner for {seconds:.0f}s (run {run})")
             summary_path = Path(tmp) / "summary.json"
             result = subprocess.run(

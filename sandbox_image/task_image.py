@@ -35,7 +35,10 @@ from typing import Literal
 import image_builder as ib
 
 # Bump when what a task image holds changes for the same inputs.
-TASK_BUILDER_VERSION = "2"
+TASK_BUILDER_VERSION = "3"
+# The task's own copy of /workspace as the image holds it, root's and read-only to everyone else:
+# scoring builds its tree from here, never from what an episode left in /workspace (docs/tasks.md).
+PRISTINE_WORKSPACE = "/opt/sandfleet/pristine/workspace"
 # The extras a package declares its test dependencies under, by custom.
 TEST_EXTRAS = ("test", "tests", "testing")
 # Where --wheels is visible during the set-up (removed before the layer is recorded).
@@ -432,6 +435,7 @@ def _build(
         ib.run(["chown", "-R", f"{ib.SANDBOX_UID}:{ib.SANDBOX_UID}", str(rootfs / "workspace")], what="chown")
         if script:
             run_setup(name, rootfs, script, wheels, log)
+        lay_pristine_copy(rootfs)
         ib.repack(image, bundle, f"task {name}")
         ib.umoci("rm", "--image", f"{layout}:{ib.TAG}", what="untag base")
         built = ib.finish(key, work, tag, started)
@@ -442,6 +446,17 @@ def _build(
     (ib.cache_root() / key / "result.json").write_text(json.dumps(built.to_json(), indent=2) + "\n")
     ib.progress(f"task image {name!r} built in {built.seconds:.1f} s")
     return built
+
+
+def lay_pristine_copy(rootfs: Path) -> None:
+    """Copy the set-up /workspace to PRISTINE_WORKSPACE: root's, nothing writable by anyone else."""
+    pristine = rootfs / PRISTINE_WORKSPACE.lstrip("/")
+    pristine.parent.mkdir(parents=True, exist_ok=True)
+    ib.run(["cp", "-a", f"{rootfs / 'workspace'}/.", str(pristine)], what="copying the pristine workspace")
+    ib.run(["chown", "-R", "0:0", str(pristine)], what="chown of the pristine workspace")
+    ib.run(["chmod", "-R", "go-w", str(pristine)], what="chmod of the pristine workspace")
+    for directory in (pristine.parent, pristine.parent.parent):
+        os.chmod(directory, 0o755)
 
 
 def run_setup(name: str, rootfs: Path, script: str, wheels: Path | None, log: Path) -> None:

@@ -90,8 +90,12 @@ def start(
     env: dict[str, str],
     with_stdin: bool,
     user: Identity | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> Command:
-    """Start `argv` in a new session, as `user` with a fresh marker group when given."""
+    """Start `argv` in a new session, as `user` with a fresh marker group when given.
+
+    `pass_fds` stay open in the command under their numbers (the scorer's results pipe).
+    """
     marker = None if user is None else _new_marker()
     if user is not None:
         _check_runnable(argv[0], cwd, env)
@@ -109,6 +113,7 @@ def start(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=pass_fds,
             )
             register(proc.pid)
     except OSError as error:

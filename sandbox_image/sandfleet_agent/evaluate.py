@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
+from sandfleet_agent import scoring
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.params import optional_bool, optional_str
 from sandfleet_agent.paths import Workspace
@@ -33,7 +34,7 @@ from sandfleet_agent.process import (
     tracked_popen,
     wait_and_forget,
 )
-from sandfleet_agent.users import Identity, end_all_processes_of
+from sandfleet_agent.users import Identity, end_processes
 
 HARBOR_TEST_SCRIPT = "tests/test.sh"
 # Where a Harbor trial uploads a task's tests and its reference solution.
@@ -75,6 +76,8 @@ def evaluate(
     verifier is ended, so nothing rewrites its results before they are read.
     """
     started = time.monotonic()
+    if body.get("task") is not None:
+        return evaluate_task(body, workspace, verification)
     patch = optional_str(body, "patch")
     junit_name = _junit_name(optional_str(body, "junit_xml"))
     verifier = verification.verifier_dir
@@ -84,11 +87,11 @@ def evaluate(
         patch_report = apply_patch(patch, spec.cwd, base_env, verification.exec_user)
     patch_done = time.monotonic()
 
-    _end_processes(verification.exec_user)
-    _end_processes(verification.verifier_user)
+    end_processes(verification.exec_user)
+    end_processes(verification.verifier_user)
     _prepare_verifier_dir(verification)
     result = run(spec)
-    _end_processes(verification.verifier_user)
+    end_processes(verification.verifier_user)
     tests_done = time.monotonic()
 
     reward, source, reward_error = read_reward(verifier, result.exit_code)
@@ -137,6 +140,37 @@ def evaluate(
     return report
 
 
+def evaluate_task(
+    body: Mapping[str, object], workspace: Workspace, verification: Verification
+) -> dict[str, object]:
+    """Score a task by its deciding tests (scoring.py): the patch goes into the episode's tree first.
+
+    The task says how its tests run, so a command, a JUnit name or a report requirement with it is
+    a mistake, refused rather than ignored.
+    """
+    started = time.monotonic()
+    mixed = sorted(key for key in ("argv", "shell", "junit_xml", "require_report", "env") if key in body)
+    if mixed:
+        raise bad_request(
+            f"give a 'task' or a test command, not both: the task defines how its tests run ({mixed})",
+            "bad_task",
+        )
+    spec = scoring.parse_task(body["task"], workspace)
+    patch = optional_str(body, "patch")
+    patch_report: dict[str, object] = {"applied": False}
+    if patch:
+        patch_report = apply_patch(patch, spec.tree, {"PATH": scoring.SAFE_PATH}, verification.exec_user)
+    end_processes(verification.exec_user)
+    end_processes(verification.verifier_user)
+    report = scoring.score(
+        spec, verification.logs_dir / "scoring", verification.verifier_user, verification.exec_user
+    )
+    durations = report["durations"]
+    assert isinstance(durations, dict)
+    durations["total_s"] = round(time.monotonic() - started, 6)
+    return {**report, "patch": patch_report}
+
+
 def outcome_of(
     *,
     reward: float,
@@ -173,18 +207,6 @@ def _junit_name(raw: str | None) -> str:
             code="bad_junit",
         )
     return name
-
-
-def _end_processes(user: Identity | None) -> None:
-    if user is None:
-        return
-    survivors = end_all_processes_of(user)
-    if survivors:
-        raise AgentError(
-            HTTPStatus.SERVICE_UNAVAILABLE,
-            "processes_survive",
-            f"{len(survivors)} processes of uid {user.uid} survived SIGKILL; release this sandbox",
-        )
 
 
 def _test_spec(

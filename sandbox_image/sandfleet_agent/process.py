@@ -55,6 +55,8 @@ class ExecSpec:
     encoding: str
     # Who runs it; None runs it as the agent itself (an agent that is not root cannot switch).
     user: Identity | None = None
+    # Descriptors the command inherits under their numbers (the scorer's results pipe).
+    pass_fds: tuple[int, ...] = ()
 
 
 @dataclass
@@ -170,7 +172,12 @@ def spawn(spec: ExecSpec) -> Command:
     """Start the command as its user, marked so that every process it starts can be ended."""
     try:
         return command.start(
-            spec.argv, cwd=spec.cwd, env=spec.env, with_stdin=bool(spec.stdin), user=spec.user
+            spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            with_stdin=bool(spec.stdin),
+            user=spec.user,
+            pass_fds=spec.pass_fds,
         )
     except command.SpawnError as error:
         raise _spawn_error(spec, error) from None

@@ -9,8 +9,10 @@ import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from sandfleet_agent import reaper
+from sandfleet_agent.errors import AgentError
 
 SANDBOX_UID = 1000
 VERIFIER_UID = 1001
@@ -102,3 +104,16 @@ def end_all_processes_of(user: Identity, deadline_s: float = SWEEP_DEADLINE_S) -
         reaper.forget(helper.pid)
         # Killed processes are zombies until their parents (or the reaper) collect them.
         time.sleep(0.01)
+
+
+def end_processes(user: Identity | None) -> None:
+    """End every process of `user` (none to end when commands run as the agent); 503 if any survives."""
+    if user is None:
+        return
+    survivors = end_all_processes_of(user)
+    if survivors:
+        raise AgentError(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            "processes_survive",
+            f"{len(survivors)} processes of uid {user.uid} survived SIGKILL; release this sandbox",
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import tarfile
 from pathlib import Path
@@ -219,15 +220,31 @@ def evaluate(
     require_report: Annotated[
         bool, typer.Option(help="No JUnit report from the tests is an infra_error, not a zero.")
     ] = False,
+    task: Annotated[
+        str | None,
+        typer.Option(help="Score this catalogue task by its deciding tests (no command: the task has one)."),
+    ] = None,
+    catalogue: Annotated[
+        Path | None,
+        typer.Option(help="The catalogue --task is in (default: $SANDFLEET_TASKS or tasks/ci.yaml)."),
+    ] = None,
     url: URL = None,
     token: TOKEN = None,
     as_json: AS_JSON = False,
 ) -> None:
     """Apply a patch, run the tests, print the outcome, reward and per-test counts.
 
+    With --task, the task's deciding tests decide, run from the image's own copy of the task with
+    the sandbox's source edits carried over (docs/tasks.md, How rewards are computed).
     Exit status: 0 passed, 1 failed, 124 timed out, 3 infra_error (mask that episode).
     """
     body: dict[str, Any] = {}
+    if task is not None:
+        if command or cwd or timeout is not None or require_report:
+            raise typer.BadParameter(
+                "--task runs the task's own tests: give no command, --cwd, --timeout or --require-report"
+            )
+        body["task"] = _task_scoring(task, catalogue)
     if command:
         body["shell"] = " ".join(command)
     if patch is not None:
@@ -251,6 +268,20 @@ def evaluate(
 
 
 EVALUATE_EXIT = {"passed": 0, "failed": 1, "timed_out": 124, "infra_error": 3}
+
+
+def _task_scoring(task_id: str, catalogue: Path | None) -> dict[str, object]:
+    """The evaluate request's `task` object for a catalogue task (its deciding tests and tree)."""
+    from sandfleet.rl.tasks import DEFAULT_CATALOGUE
+    from sandfleet.tasks.catalogue import CatalogueError, parse_catalogue
+
+    path = catalogue or Path(os.environ.get("SANDFLEET_TASKS") or DEFAULT_CATALOGUE)
+    try:
+        parsed = parse_catalogue(path.read_text(), str(path))
+        (entry,) = parsed.select([task_id])
+        return parsed.scoring(entry)
+    except (OSError, CatalogueError, KeyError, ValueError) as error:
+        raise _fail(RuntimeError(f"cannot score task {task_id!r} from {str(path)!r}: {error}")) from None
 
 
 def _read_text(path: Path) -> str:

@@ -183,8 +183,8 @@ def check(
 async def _check_one(
     fleet: AsyncFleet, catalogue: Catalogue, entry: Task, pool: str, wait: float, image: str | None = None
 ) -> TaskCheck:
-    """Bug, then fix, then the clean tree, in one sandbox, each by `evaluate`."""
-    from sandfleet.rl.tasks import WORKSPACE
+    """Bug, then fix, then the clean tree, in one sandbox, each scored as an episode is scored."""
+    from sandfleet.tasks.catalogue import WORKSPACE
     from sandfleet.tasks.checking import (
         TaskCheck,
         bug_problems,
@@ -192,26 +192,17 @@ async def _check_one(
         outcomes,
         passing_problems,
     )
-    from sandfleet.tasks.mining import suite_pythonpath
 
-    source = catalogue.sources[entry.source]
-    timeouts = entry.timeouts or source.timeouts
     cwd = f"{WORKSPACE}/tasks/{entry.id}"
-    requires = f"{WORKSPACE}/.requires/{source.directory}" if source.directory else None
-    command = f"PYTHONPATH={suite_pythonpath(f'{WORKSPACE}/.deps', requires)} {source.test_command}"
+    scoring = catalogue.scoring(entry)
     started = time.monotonic()
     problems: list[str] = []
     async with fleet.lease(
         pool, wait_seconds=wait, image=image, labels={"run": "task-check", "task": entry.id}
     ) as sandbox:
-        for path, content in entry.hidden_tests.items():
-            await sandbox.write_file(f"{cwd}/{path}", content)
 
         async def evaluate(patch: str | None = None) -> tuple[float, dict[str, str]]:
-            # pytest always writes its JUnit report: without one the run says nothing (infra_error).
-            body: dict[str, object] = {
-                "shell": command, "cwd": cwd, "timeout_s": timeouts.test_s, "require_report": True,
-            }  # fmt: skip
+            body: dict[str, object] = {"task": scoring}
             if patch:
                 body["patch"] = patch
             result = await sandbox.evaluate(**body)

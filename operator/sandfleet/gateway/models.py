@@ -241,8 +241,22 @@ class Evaluation(BaseModel):
         "the timeout; infra_error: the verifier could not run or a required report is missing (mask it)."
     )
     outcome_reason: str | None = Field(None, description="Why, unless it plainly passed or failed.")
-    reward: float = Field(description="The reward file's value, else 1.0 for exit status 0, else 0.0.")
-    reward_source: Literal["reward_file", "exit_code"]
+    reward: float = Field(
+        description="With a task: 1.0 if every deciding test passed, else 0.0. With a command: the reward "
+        "file's value, else 1.0 for exit status 0, else 0.0."
+    )
+    reward_source: Literal["deciding_tests", "reward_file", "exit_code"]
+    deciding: dict[str, Any] | None = Field(
+        None, description="With a task: its deciding tests' total, how many passed, and those that did not."
+    )
+    tampered: list[str] | None = Field(
+        None,
+        description="With a task: what the episode did to the task's test infrastructure (left out of "
+        "scoring) and any tampering with the test run found.",
+    )
+    carried: dict[str, Any] | None = Field(
+        None, description="With a task: the source files taken from the episode's tree (changed, deleted)."
+    )
     counts: dict[str, int] = Field(
         description="Per-test counts from the JUnit report: passed, failed, error, skipped, xfailed."
     )

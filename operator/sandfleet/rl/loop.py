@@ -370,13 +370,10 @@ class Actor:
         await asyncio.sleep(self.config.think_seconds)
         t = span("generate", t)
         await sandbox.write_file(path, apply_edit(source, task.broken, task.candidates[action]))
-        for hidden, content in task.hidden_tests:  # after the policy acted: it never saw them
-            await sandbox.write_file(f"{task.cwd}/{hidden}", content)
         t = span("tool", t)
-        # The catalogue's tests write a JUnit report: without one the outcome is infra_error.
-        result = await sandbox.score(
-            shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s, require_report=True
-        )
+        # The task's deciding tests, run from its own copy with the edit carried over (hidden tests
+        # are written only there: the policy never sees them).
+        result = await sandbox.score(task=dict(task.scoring))
         t = span("score", t)
         return _Played(action, logp, result, spans)
 

@@ -2,11 +2,13 @@
 
 A catalogue (tasks/catalogue.yaml, docs/tasks.md) names pinned sdists and, per task, the bug as a
 unique-anchor edit, the candidate edits an RL policy chooses from (the original among them) and
-the test command. `from_catalogue` turns its edit bugs into `Task`s; by default the loop, `serve
+the test command. `from_catalogue` turns its edit bugs into `Task`s, each with the catalogue's
+scoring (its deciding tests, run from the image's read-only copy of the tree); by default the loop, `serve
 --local --tasks` and `rl build-tasks` use `DEFAULT_CATALOGUE` (tasks/ci.yaml, a subset of the
 shipped catalogue that `task check` verifies in CI). The image lays each task's tree, with its bug
 applied, under `/workspace/tasks/<task id>`; pytest travels as wheels in `/workspace/.deps` (the
-image has no pip and no network), and the reward is the package's own tests, run by `evaluate`.
+image has no pip and no network), and the reward is the package's own named tests, run by
+`evaluate` with the task's `scoring`.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import subprocess
 import sys
 import tarfile
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from sandfleet.tasks.catalogue import WORKSPACE
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE_BUILD = REPO / "sandbox_image" / "build"
 DEFAULT_CATALOGUE = REPO / "tasks" / "ci.yaml"
-WORKSPACE = "/workspace"
 TEST_WHEELS = ("pytest==8.3.4", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.2")
 
 
@@ -45,7 +49,9 @@ class Task:
     candidates: tuple[str, ...]  # replacements for the broken text; `original` is one of them
     command: str  # the source's test command (writes a JUnit report), run in the package directory
     timeout_s: float = 120.0  # the catalogue's per-run test timeout
-    hidden_tests: tuple[tuple[str, str], ...] = ()  # (path, content): written after the policy acts
+    hidden_tests: tuple[tuple[str, str], ...] = ()  # (path, content): written only when scored
+    # The `task` object of the evaluate request that scores it (Catalogue.scoring).
+    scoring: Mapping[str, object] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def cwd(self) -> str:
@@ -158,6 +164,10 @@ def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]
         candidates = tuple(entry.candidates) or (edit.find, edit.replace)
         if edit.find not in candidates:
             raise TaskBuildError(f"task {entry.id}: its candidates must include the original text")
+        try:
+            source.pytest_args  # noqa: B018 - the named-tests rule needs a pytest command
+        except ValueError as error:
+            raise TaskBuildError(f"task {entry.id}: {error}") from None
         tasks.append(
             Task(
                 name=entry.id,
@@ -170,6 +180,7 @@ def from_catalogue(path: Path, ids: list[str] | None = None) -> tuple[Task, ...]
                 command=source.test_command,
                 timeout_s=timeouts.test_s,
                 hidden_tests=tuple(sorted(entry.hidden_tests.items())),
+                scoring=catalogue.scoring(entry),
             )
         )
     return tuple(tasks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
@@ -14,6 +15,13 @@ ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 SDIST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
 DEFAULT_TEST_COMMAND = "python3 -m pytest -q -p no:cacheprovider"
 SCHEMA_VERSION: Literal[1] = 1
+# Where a task image lays a catalogue's tasks (sandfleet.rl.tasks.prepare_workspace builds it): each
+# tree under tasks/<id>, pytest's wheels in .deps, each source's dependencies in .requires/<dir>;
+# and the image's own read-only copy of all of it, which scoring runs from (sandbox_image/task_image.py).
+WORKSPACE = "/workspace"
+PRISTINE_WORKSPACE = "/opt/sandfleet/pristine/workspace"
+# How the named-tests rule runs a test command: pytest, through the agent's verdict runner.
+PYTEST_COMMANDS = (("python3", "-m", "pytest"), ("python", "-m", "pytest"), ("pytest",))
 
 
 class CatalogueError(ValueError):
@@ -50,6 +58,18 @@ class Source(_Strict):
         if (self.sdist is None) == (self.dir is None):
             raise ValueError("give exactly one of `sdist` (NAME==VERSION) or `dir`")
         return self
+
+    @property
+    def pytest_args(self) -> list[str]:
+        """The test command's arguments to pytest (ValueError if the command does not run pytest)."""
+        words = shlex.split(self.test_command)
+        for command in PYTEST_COMMANDS:
+            if tuple(words[: len(command)]) == command:
+                return words[len(command) :]
+        raise ValueError(
+            f"test_command {self.test_command!r} must run pytest (`python3 -m pytest ARGS`): the reward "
+            "comes from its named tests' results (docs/tasks.md, How rewards are computed)"
+        )
 
     @property
     def directory(self) -> str | None:
@@ -170,6 +190,32 @@ class Catalogue(_Strict):
         """Tests that pass with and without the bug: the clean tree's, less the task's FAIL_TO_PASS."""
         failing = set(task.fail_to_pass)
         return [t for t in self.sources[task.source].tests_passing if t not in failing]
+
+    def deciding(self, task: Task) -> list[str]:
+        """The tests that decide the task: FAIL_TO_PASS, then PASS_TO_PASS."""
+        return [*task.fail_to_pass, *self.pass_to_pass(task)]
+
+    def scoring(self, task: Task) -> dict[str, object]:
+        """The `task` object of an evaluate request that scores this task by its deciding tests.
+
+        Its tree is the image's /workspace/tasks/<id>; the agent rebuilds it from the image's
+        read-only copy plus the episode's source edits, and runs pytest with pytest and the
+        dependencies from that copy too (docs/tasks.md, How rewards are computed).
+        """
+        source = self.sources[task.source]
+        deps = [f"{PRISTINE_WORKSPACE}/.deps", "."]
+        if source.directory is not None:
+            deps.append(f"{PRISTINE_WORKSPACE}/.requires/{source.directory}")
+        timeouts = task.timeouts or source.timeouts
+        return {
+            "tree": f"{WORKSPACE}/tasks/{task.id}",
+            "pristine": f"{PRISTINE_WORKSPACE}/tasks/{task.id}",
+            "deciding": self.deciding(task),
+            "pytest_args": source.pytest_args,
+            "pythonpath": deps,
+            "files": dict(task.hidden_tests),
+            "timeout_s": timeouts.test_s,
+        }
 
 
 def json_schema() -> dict[str, Any]:

@@ -245,3 +245,10 @@ def test_built_images_round_trip_their_record_through_the_cache(
     (ib.cache_root() / "task-x").mkdir(parents=True)
     (ib.cache_root() / "task-x" / "result.json").write_text(json.dumps(image.to_json()))
     assert ib.cached("task-x") == ib.BuiltImage(**{**image.__dict__, "seconds": 0.0, "cached": True})
+
+
+def test_the_pristine_copy_is_where_the_catalogues_scoring_looks_for_it() -> None:
+    # One place each side: the image lays it, the catalogue's scoring names it to the agent.
+    from sandfleet.tasks.catalogue import PRISTINE_WORKSPACE
+
+    assert ti.PRISTINE_WORKSPACE == PRISTINE_WORKSPACE

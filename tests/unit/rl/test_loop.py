@@ -142,15 +142,20 @@ async def test_an_infra_error_is_masked_and_a_time_out_is_a_counted_zero() -> No
     assert not fake.live  # both leases released
 
 
-async def test_an_episode_asks_for_the_report_and_the_tasks_timeout_and_writes_hidden_tests_last() -> None:
-    task = replace(TASK, timeout_s=33.0, hidden_tests=(("tests/test_hidden.py", "def test_x(): pass\n"),))
+async def test_an_episode_is_scored_by_its_tasks_deciding_tests_and_never_sees_the_hidden_ones() -> None:
+    scoring = {
+        "tree": TASK.cwd,
+        "deciding": ["t::a"],
+        "files": {"tests/test_hidden.py": "def test_x(): pass\n"},
+    }
+    task = replace(TASK, scoring=scoring)
     fake = FakeFleet(tasks=[task])
     config = LoopConfig(run="r", think_seconds=0.0, tasks=(task,))
     learner = Learner(as_fleet(fake), config, LoopStats())
     await learner.start()
     await Actor("a0", as_fleet(fake), config, LocalLink(learner), LoopStats()).episode(task, "e0")
     (body,) = fake.evaluated
-    assert body == {"shell": task.test_command, "cwd": task.cwd, "timeout_s": 33.0, "require_report": True}
+    assert body == {"task": scoring}  # the hidden tests travel only in it, to the scoring tree
 
 
 async def test_a_fleet_failure_before_scoring_counts_as_infra_and_a_refusal_as_an_error() -> None:

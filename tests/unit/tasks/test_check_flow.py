@@ -54,17 +54,23 @@ class ScriptedFleet:
         yield self.sandbox
 
 
-def test_a_sound_task_is_verified_with_two_evaluations_that_require_a_report() -> None:
+def test_a_sound_task_is_verified_with_two_evaluations_scored_as_episodes_are() -> None:
     sandbox = ScriptedSandbox()
     check = asyncio.run(_check_one(ScriptedFleet(sandbox), CATALOGUE, TASK, "p", 5.0))  # type: ignore[arg-type]
     assert check.verified, check.problems
     assert (check.bug_failing, check.fixed_passing) == (1, 3)
     assert sandbox.files[f"{CWD}/demo.py"] == b"if x < 1:\n    pass\n"
-    assert [b["cwd"] for b in sandbox.bodies] == [CWD, CWD]
-    assert all(b["require_report"] for b in sandbox.bodies)
-    assert sandbox.bodies[0]["shell"].startswith(
-        "PYTHONPATH=/workspace/.deps:.:/workspace/.requires/demo-1.0 python3 -m pytest"
-    )
+    # The very object the loop sends: the catalogue's scoring, its deciding tests, from the pristine copy.
+    assert sandbox.bodies == [{"task": CATALOGUE.scoring(TASK)}] * 2
+    scoring = CATALOGUE.scoring(TASK)
+    assert scoring["tree"] == CWD
+    assert scoring["pristine"] == "/opt/sandfleet/pristine/workspace/tasks/demo-1.0-one"
+    assert scoring["pythonpath"] == [
+        "/opt/sandfleet/pristine/workspace/.deps",
+        ".",
+        "/opt/sandfleet/pristine/workspace/.requires/demo-1.0",
+    ]
+    assert scoring["deciding"] == ["t::a", "t::b", "t::c"]
 
 
 def test_a_fix_that_breaks_a_pass_to_pass_test_is_not_verified() -> None:

@@ -1,0 +1,147 @@
+"""Reward attacks on a real catalogue task in real gVisor: every one scores 0, the honest fix 1.
+
+The task is the default catalogue's isodate task, served by `sandfleet serve --local --tasks` and
+scored as the reference loop scores it (the task's `scoring`: its deciding tests, run from the
+image's own copy with the episode's source edits carried over). Each attack runs in a fresh
+sandbox as the episode's own command (the sandbox user), with the bug left in place
+(tests/support/reward_attacks.py). Then one attack on each other scoring path: the gateway's HTTP
+API, the CLI's `evaluate --task`, and `task check`'s scorer, which all send the same `task` object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import httpx
+import pytest
+
+from sandfleet.client import Fleet, Outcome, Sandbox
+from sandfleet.local.tools import ImageRef
+from sandfleet.rl.tasks import Task, apply_edit, load_tasks
+from tests.support.reward_attacks import ATTACKS, Attack, script
+from tests.support.servers import start_local_serve, stop_local_serve
+
+pytestmark = pytest.mark.gvisor
+
+TOKEN = "local-token"
+(TASK,) = [task for task in load_tasks() if task.name.startswith("isodate-")]
+TESTS = "src/isodate/tests/test_duration.py"
+DECIDING = cast(list[str], TASK.scoring["deciding"])
+# Long enough for the suite on a loaded machine, short enough for the import-time loop's timeout.
+ATTACK_TIMEOUT_S = 45.0
+
+
+@pytest.fixture(scope="module")
+def gateway(runsc: Path, base_image: ImageRef, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url, process, log = start_local_serve(
+        tmp_path_factory.mktemp("attacks"), warm=2, extra_args=["--tasks"], timeout=900
+    )
+    yield url
+    stop_local_serve(process, log)
+
+
+def scoring(timeout_s: float = ATTACK_TIMEOUT_S) -> dict[str, object]:
+    return {**TASK.scoring, "timeout_s": timeout_s}
+
+
+def fixed_source(sandbox: Sandbox, task: Task) -> tuple[str, str]:
+    """The module's text with the bug, and fixed."""
+    broken = sandbox.read_file(f"{task.cwd}/{task.path}").decode()
+    return broken, apply_edit(broken, task.broken, task.original)
+
+
+def attack_in(sandbox: Sandbox, attack: Attack) -> None:
+    _, fixed = fixed_source(sandbox, TASK)
+    program = script(attack, TASK.path, TESTS, fixed, DECIDING)
+    made = sandbox.exec(["python3", "-c", program], cwd=TASK.cwd, timeout_s=60)
+    assert made.ok, f"the attack itself failed: {made.stderr}"
+
+
+def test_the_bug_scores_0_and_the_honest_fix_1(gateway: str) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        bug = sandbox.score(task=scoring())
+        assert (bug.outcome, bug.reward) == (Outcome.FAILED, 0.0), bug.reason
+        assert bug["deciding"]["not_passing"] == [
+            {"name": "src.isodate.tests.test_duration.DurationTest::test_parseerror", "outcome": "failed"}
+        ]
+        _, fixed = fixed_source(sandbox, TASK)
+        sandbox.write_file(f"{TASK.cwd}/{TASK.path}", fixed)
+        honest = sandbox.score(task=scoring())
+        assert (honest.outcome, honest.reward) == (Outcome.PASSED, 1.0), honest.reason
+        assert honest["deciding"] == {"total": len(DECIDING), "passed": len(DECIDING), "not_passing": []}
+        assert honest["carried"] == {"changed": [TASK.path], "deleted": []}
+        assert honest["tampered"] == []
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+def test_every_attack_scores_0_on_the_loops_scoring_path(gateway: str, attack: Attack) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        attack_in(sandbox, attack)
+        result = sandbox.score(task=scoring())
+        assert (str(result.outcome), result.reward) == (attack.outcome, 0.0), result.reason
+        if attack.reported:
+            assert result["tampered"], f"{attack.name} went unreported: {result.reason}"
+
+
+def test_an_attack_scores_0_through_the_gateways_http_api(gateway: str) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        attack_in(sandbox, _named("conftest.py at the tree's root"))
+        answer = httpx.post(
+            f"{gateway}/v1/leases/{sandbox.lease.id}/evaluate",
+            json={"task": scoring()},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert (body["outcome"], body["reward"], body["reward_source"]) == ("failed", 0.0, "deciding_tests")
+        assert any("conftest.py" in entry for entry in body["tampered"])
+
+
+def test_an_attack_scores_0_through_the_cli(gateway: str) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        attack_in(sandbox, _named("early exit: os._exit(0) at import"))
+        env = {**os.environ, "SANDFLEET_URL": gateway, "SANDFLEET_TOKEN": TOKEN}
+        argv = ["evaluate", sandbox.lease.id, "--task", TASK.name, "--json"]
+        ran = subprocess.run(
+            [sys.executable, "-m", "sandfleet.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert ran.returncode == 1, ran.stderr
+        report = json.loads(ran.stdout)
+        assert (report["outcome"], report["reward"]) == ("failed", 0.0)
+        assert "ended before pytest finished" in report["outcome_reason"]
+
+
+def test_a_bad_task_object_is_a_clear_400(gateway: str) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        answer = httpx.post(
+            f"{gateway}/v1/leases/{sandbox.lease.id}/evaluate",
+            json={"task": {**scoring(), "pristine": TASK.cwd}},  # the episode's own tree
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=120,
+        )
+        assert answer.status_code == 422, answer.text
+        assert "not root's read-only copy" in answer.text
+        mixed = httpx.post(
+            f"{gateway}/v1/leases/{sandbox.lease.id}/evaluate",
+            json={"task": scoring(), "shell": "true"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=120,
+        )
+        assert mixed.status_code == 400, mixed.text
+        assert "not both" in mixed.text
+
+
+def _named(name: str) -> Attack:
+    (attack,) = [a for a in ATTACKS if a.name == name]
+    return attack
