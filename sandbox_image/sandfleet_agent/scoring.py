@@ -226,12 +226,19 @@ def _read(path: Path, limit: int) -> bytes:
 
 
 def build_tree(
-    episode: Path, pristine: Path, target: Path, test_paths: tuple[str, ...], deciding_tests: tuple[str, ...]
+    episode: Path,
+    pristine: Path,
+    target: Path,
+    test_paths: tuple[str, ...],
+    deciding_tests: tuple[str, ...],
+    author: int | None = None,
 ) -> Carried:
     """Copy `pristine` to `target`, then carry over the episode's changes to source files only.
 
     The test infrastructure is the task's `test_paths`, the directories of its deciding tests'
-    modules, and what deciding.infrastructure names anywhere.
+    modules, and what deciding.infrastructure names anywhere. With `author` (the sandbox user's
+    uid), a changed file is carried only if it is that user's: a hard link to a file of root's
+    must not carry root's data into a tree the code under test can read.
     """
     carried = Carried()
     shutil.copytree(pristine, target, symlinks=True)
@@ -260,6 +267,8 @@ def build_tree(
             carried.dropped.append((relative, "a file where the task has a link or something else"))
         elif before is None and deciding.shadows(relative, packages):
             carried.dropped.append((relative, "a new module outside a package (it could shadow an import)"))
+        elif author is not None and info.st_uid != author:
+            carried.dropped.append((relative, f"a file of uid {info.st_uid}, not the episode's"))
         else:
             if len(carried.changed) >= MAX_CARRIED_FILES:
                 raise TooBig(f"the episode changed more than {MAX_CARRIED_FILES} files")
@@ -448,7 +457,8 @@ def score(
     try:
         tree = scratch / "tree"
         try:
-            carried = build_tree(spec.tree, spec.pristine, tree, spec.test_paths, spec.deciding)
+            author = exec_user.uid if exec_user is not None else None
+            carried = build_tree(spec.tree, spec.pristine, tree, spec.test_paths, spec.deciding, author)
         except TooBig as error:
             return _refused(str(error), started)
         write_files(tree, spec.files)

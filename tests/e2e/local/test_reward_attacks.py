@@ -21,10 +21,11 @@ from typing import cast
 import httpx
 import pytest
 
+from sandfleet.adapters.gym import SandboxEnv
 from sandfleet.client import Fleet, Outcome, Sandbox
 from sandfleet.local.tools import ImageRef
 from sandfleet.rl.tasks import Task, apply_edit, load_tasks
-from tests.support.reward_attacks import ATTACKS, Attack, script
+from tests.support.reward_attacks import ATTACKS, PASSING_CONFTEST, Attack, script
 from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
@@ -33,8 +34,8 @@ TOKEN = "local-token"
 (TASK,) = [task for task in load_tasks() if task.name.startswith("isodate-")]
 TESTS = "src/isodate/tests/test_duration.py"
 DECIDING = cast(list[str], TASK.scoring["deciding"])
-# Long enough for the suite on a loaded machine, short enough for the import-time loop's timeout.
-ATTACK_TIMEOUT_S = 45.0
+# Long enough for the suite on a loaded machine (1-3 s here), short enough for the import-time loop.
+ATTACK_TIMEOUT_S = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,21 @@ def test_an_attack_scores_0_through_the_cli(gateway: str) -> None:
         report = json.loads(ran.stdout)
         assert (report["outcome"], report["reward"]) == ("failed", 0.0)
         assert "ended before pytest finished" in report["outcome_reason"]
+
+
+def test_an_attack_scores_0_through_the_gym_adapter(gateway: str) -> None:
+    # The adapters pass their configured evaluate body through: a catalogue task's is its scoring.
+    with Fleet(gateway, token=TOKEN) as fleet:
+        env = SandboxEnv(fleet, "python", instruction="fix the bug", evaluate={"task": scoring()})
+        try:
+            env.reset(seed=1)
+            conftest = {"tool": "write", "path": f"{TASK.cwd}/conftest.py", "content": PASSING_CONFTEST}
+            observation = env.step(conftest)[0]
+            assert observation.startswith("wrote "), observation
+            _, reward, terminated, _, info = env.step({"tool": "submit"})
+            assert (reward, terminated, info["outcome"]) == (0.0, True, "failed")
+        finally:
+            env.close()
 
 
 def test_a_bad_task_object_is_a_clear_400(gateway: str) -> None:
