@@ -13,6 +13,7 @@ from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
 from sandfleet.gateway.leasing import KeyReused, LeaseService, WaitTimeout
 from tests.support.backends import POOL, MemoryBackend, request
+from tests.unit.gateway.virtual_time import on_virtual_time
 
 
 def warm(backend: MemoryBackend, count: int, prefix: str = "s") -> None:
@@ -35,14 +36,16 @@ async def test_a_batch_returns_at_once_when_all_it_asks_for_are_warm() -> None:
     assert leased(backend) == {lease.id for lease, _ in granted.leases}
 
 
+@on_virtual_time
 async def test_a_batch_short_of_its_count_returns_what_it_has_at_the_end_of_its_wait() -> None:
     backend = MemoryBackend()
     warm(backend, 12)
-    service = LeaseService(backend)
-    started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    service = LeaseService(backend, clock=loop.time)
+    started = loop.time()
     granted = await service.acquire(request(count=20, min_count=10, wait_seconds=0.3))
-    waited = time.monotonic() - started
-    assert 0.3 <= waited < 1.5  # it waited for more, then took what there was
+    # Virtual time: exact on any machine. It waited for more, then took what there was.
+    assert loop.time() - started == pytest.approx(0.3)
     assert len(granted.leases) == 12
     assert leased(backend) == {lease.id for lease, _ in granted.leases}
     assert service.waiting("python") == 0
@@ -80,9 +83,12 @@ async def test_a_batch_with_no_wait_takes_what_is_warm_now() -> None:
     assert len(granted.leases) == 3
 
 
+@on_virtual_time
 async def test_a_single_behind_a_batch_waits_no_longer_than_the_overtaking_bound() -> None:
+    # Virtual time, the service aging its waiters on the loop's clock: every sleep below is exact,
+    # so the single is young when "early" comes and past the bound when "late" does, on any machine.
     backend = MemoryBackend()
-    service = LeaseService(backend, overtake_seconds=0.1)
+    service = LeaseService(backend, clock=asyncio.get_running_loop().time, overtake_seconds=0.1)
     batch = asyncio.create_task(service.acquire(request(count=50, min_count=1, wait_seconds=1)))
     await asyncio.sleep(0.01)
     single = asyncio.create_task(service.acquire(request(wait_seconds=1)))

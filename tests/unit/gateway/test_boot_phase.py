@@ -6,17 +6,20 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from sandfleet.core.leases import LeaseRecord
+from sandfleet.gateway import leasing
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService, boot_overlap
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.runs import MemoryPolicyStore, Runs
 from tests.support.backends import MemoryBackend
+from tests.unit.gateway.virtual_time import on_virtual_time
 
 
 def add_booted(backend: MemoryBackend, name: str, created_at: float) -> None:
@@ -38,17 +41,25 @@ def test_boot_overlap() -> None:
     assert boot_overlap(10.0, 13.0, 11.0, None) == 0.0  # never seen becoming ready
 
 
-async def test_a_cold_acquire_splits_its_wait_into_queue_and_boot() -> None:
+@on_virtual_time
+async def test_a_cold_acquire_splits_its_wait_into_queue_and_boot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Virtual time throughout: the service's wall clock and the monotonic clock it measures waits
+    # with are the loop's, so the split is exact however loaded the machine is. (leasing's `time`
+    # name is replaced, not `time.monotonic` itself, which the rest of the process keeps using.)
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(leasing, "time", SimpleNamespace(monotonic=loop.time, time=loop.time))
     backend = MemoryBackend()
-    service = LeaseService(backend)
-    arrived = time.time()
+    service = LeaseService(backend, clock=loop.time)
+    arrived = loop.time()
     waiting = asyncio.create_task(service.acquire(LeaseRequest("python", "a", wait_seconds=5)))
     await asyncio.sleep(0.3)
-    ready_at = time.time()  # measured, not assumed: a loaded machine oversleeps
-    add_booted(backend, "s0", created_at=arrived + 0.1)  # created 0.1 s in, ready now
+    add_booted(backend, "s0", created_at=arrived + 0.1)  # created 0.1 s in, ready now (0.3 s in)
     granted = await waiting
-    assert granted.boot_seconds == pytest.approx(ready_at - (arrived + 0.1), abs=0.05)
-    assert granted.queue_seconds == pytest.approx(0.1, abs=0.05)
+    assert granted.boot_seconds == pytest.approx(0.2)
+    assert granted.queue_seconds == pytest.approx(0.1)
+    assert granted.claim_seconds > 0  # the claim's own round trip, counted in neither
+    total = granted.queue_seconds + granted.boot_seconds + granted.claim_seconds
+    assert total == pytest.approx(loop.time() - arrived)
 
 
 async def test_a_warm_acquire_has_no_boot() -> None:

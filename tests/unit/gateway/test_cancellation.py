@@ -16,16 +16,32 @@ from tests.support.backends import MemoryBackend, request
 
 
 class SlowBackend(MemoryBackend):
-    """Claims take `claim_seconds`; claims on `rivals` lose to another gateway (a 409)."""
+    """Claims take `claim_seconds`; claims on `rivals` lose to another gateway (a 409).
+
+    `gated`: every claim, once started, waits at `gate` until the test opens it (`gate.set()`);
+    `claims_started` waits for claims to start, on their own signal rather than on the clock.
+    """
 
     def __init__(
-        self, claim_seconds: float = 0.0, rivals: frozenset[str] = frozenset(), seed: int = 0
+        self,
+        claim_seconds: float = 0.0,
+        rivals: frozenset[str] = frozenset(),
+        seed: int = 0,
+        gated: bool = False,
     ) -> None:
         super().__init__(seed=seed)
         self.claim_seconds = claim_seconds
         self.rivals = rivals
+        self.gate = asyncio.Event()
+        if not gated:
+            self.gate.set()
+        self.started = 0
+        self._a_claim_started = asyncio.Event()
 
     async def claim(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
+        self.started += 1
+        self._a_claim_started.set()
+        await self.gate.wait()
         await asyncio.sleep(self.claim_seconds)
         if sandbox.key in self.rivals:
             self.version += 1
@@ -34,6 +50,16 @@ class SlowBackend(MemoryBackend):
             )
             return None
         return await super().claim(sandbox, lease)
+
+    async def claims_started(self, count: int) -> None:
+        """Until `count` claims have started (with the gate shut: they are all in flight now)."""
+
+        async def enough() -> None:
+            while self.started < count:
+                self._a_claim_started.clear()
+                await self._a_claim_started.wait()
+
+        await asyncio.wait_for(enough(), 10)  # a guard against hanging, not a timing assumption
 
 
 async def settle(service: LeaseService) -> None:
@@ -66,30 +92,35 @@ async def test_cancelled_while_queued_leaves_the_queue_and_the_sandbox_free() ->
 
 
 async def test_cancelled_while_its_claim_is_in_flight_gives_the_sandbox_back() -> None:
-    backend = SlowBackend(claim_seconds=0.05)
+    backend = SlowBackend(gated=True)
     backend.add("s0")
     backend.add("s1")
     service = LeaseService(backend)
     pending = asyncio.create_task(service.acquire(request(count=2)))
-    await asyncio.sleep(0.01)  # both claims are being written
+    await backend.claims_started(2)  # both claims are being written, held at the gate
     pending.cancel()
     await asyncio.gather(pending, return_exceptions=True)
+    assert backend.started == 2  # cancelled while both claims were in flight, before either landed
+    assert not backend.unclaimed
+    backend.gate.set()  # they land now, for a caller who has gone
     await settle(service)
     assert sorted(backend.unclaimed) == ["ns.s0", "ns.s1"]
     assert set(states(backend).values()) == {api.LEASE_FREE}
     assert len(backend.warm("python", backend.items["ns.s0"].image_key)) == 2
-    backend.claim_seconds = 0.0
-    again = await service.acquire(request(count=2))
+    again = await service.acquire(request(count=2))  # the gate stays open
     assert sorted(lease.id for lease, _ in again.leases) == ["ns.s0", "ns.s1"]
 
 
 async def test_cancelled_after_a_partial_group_claim_returns_what_it_got() -> None:
-    backend = SlowBackend(rivals=frozenset({"ns.s1"}))
+    backend = SlowBackend(rivals=frozenset({"ns.s1"}), gated=True)
     backend.add("s0")
     backend.add("s1")
     service = LeaseService(backend)
-    group = asyncio.create_task(service.acquire(request(count=2, wait_seconds=5)))
-    await asyncio.sleep(0.02)  # s0 landed, s1 went to a rival: the group waits at the head for one
+    # Its wait only guards against hanging: the test cancels the group, never lets it time out.
+    group = asyncio.create_task(service.acquire(request(count=2, wait_seconds=60)))
+    await backend.claims_started(2)
+    backend.gate.set()
+    await settle(service)  # s0 landed, s1 went to a rival: the group waits at the head for one
     assert service.waiting("python") == 1
     assert backend.items["ns.s0"].state == api.LEASE_LEASED
     group.cancel()
