@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "hack"))
 
 import rawhttp  # noqa: E402
 from cpuquota import CpuQuotas  # noqa: E402
+from kubebench import process_cpu_seconds  # noqa: E402
 from localbench import free_port  # noqa: E402
 
 from localcluster import build  # noqa: E402
@@ -242,7 +243,7 @@ class Bench:
         it: tens of ms of CPU that a burst through a fresh replica would count, once per replica.
         """
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        before = cpu_seconds(pid)
+        before = process_cpu_seconds(pid)
         for _ in range(3):
             listed = httpx.get(f"{url}/v1/leases", headers=headers, timeout=10)
             refused = httpx.post(f"{url}/v1/leases", headers=headers, json={}, timeout=10)  # no pool named
@@ -250,7 +251,7 @@ class Bench:
                 raise SystemExit(f"warming {url}: {listed.status_code} {listed.text}; {refused.status_code}")
         if not self.warmed_once:
             self.warmed_once = True
-            used_ms = (cpu_seconds(pid) - before) * 1000
+            used_ms = (process_cpu_seconds(pid) - before) * 1000
             log(f"a fresh gateway's first 6 requests (no sandbox taken): {used_ms:.0f} ms of CPU")
 
     def start_agent(self) -> int:
@@ -279,11 +280,6 @@ class Bench:
         self.cluster.down(quiet=True)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuClock:
     """CPU seconds each of some processes used between `start` and `stop`."""
 
@@ -293,10 +289,10 @@ class CpuClock:
         self.used: dict[str, float] = {}
 
     def start(self) -> None:
-        self.started = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.started = {name: process_cpu_seconds(pid) for name, pid in self.pids.items()}
 
     def stop(self) -> None:
-        self.used = {name: cpu_seconds(pid) - self.started[name] for name, pid in self.pids.items()}
+        self.used = {name: process_cpu_seconds(pid) - self.started[name] for name, pid in self.pids.items()}
 
 
 async def sequential(url: str, count: int) -> list[float]:

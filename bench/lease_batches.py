@@ -44,7 +44,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_leases import TOKEN, Bench, cpu_seconds, log_to
+from gateway_leases import TOKEN, Bench, log_to
+from kubebench import process_cpu_seconds
 from localbench import free_port
 
 from sandfleet.core import api
@@ -91,12 +92,12 @@ class Cpu:
         self.before: dict[str, float] = {}
 
     def start(self) -> None:
-        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.before = {name: process_cpu_seconds(pid) for name, pid in self.pids.items()}
         self.before["load generator"] = self_cpu()
 
     def per(self, count: int) -> dict[str, float]:
         """Ms of CPU per item, for each process, since start()."""
-        now = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        now = {name: process_cpu_seconds(pid) for name, pid in self.pids.items()}
         now["load generator"] = self_cpu()
         return {name: round((now[name] - self.before[name]) / count * 1000, 3) for name in now}
 

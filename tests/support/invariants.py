@@ -91,6 +91,14 @@ class ObservedLease:
     expires_at: float  # the latest seen: renewals move it
     episode: int = 0  # the Pod's episode it was granted for (its lease id's, `ns.pod~N`)
     run: str | None = None
+    # Seen free again, neither released nor expired: a gateway took back a claim (a batch that
+    # met its deadline, a caller gone). Only a claim nobody was told of may be (`withdrawn_grants`).
+    withdrawn_at: float | None = None
+
+    @property
+    def ends_at(self) -> float:
+        """When the cluster stopped holding it: its expiry, or its withdrawal if earlier."""
+        return self.expires_at if self.withdrawn_at is None else min(self.expires_at, self.withdrawn_at)
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ class PodTruth:
         """When its lease stopped being live (released or expired); None if never leased."""
         if not self.leases:
             return None
-        expiry = max(lease.expires_at for lease in self.leases)
+        expiry = max(lease.ends_at for lease in self.leases)
         return min(expiry, self.released_at) if self.released_at is not None else expiry
 
     def reapable_at(self) -> float | None:
@@ -157,7 +165,7 @@ def double_leases(pods: Iterable[PodTruth], clients: Iterable[ClientLease]) -> l
     violations = []
     for pod in pods:
         for episode in sorted({lease.episode for lease in pod.leases}):
-            carried = [lease for lease in pod.leases if lease.episode == episode]
+            carried = [o for o in pod.leases if o.episode == episode and o.withdrawn_at is None]
             if len(carried) > 1:
                 held = ", ".join(
                     f"{lease.key} {_span(lease.acquired_at, lease.expires_at)}" for lease in carried
@@ -232,6 +240,29 @@ def unrecorded_leases(
                 f"lease {lease.key} on pod {lease.pod}: the pod carried {sorted(keys) or 'no lease'}, "
                 "not the holder's"
             )
+    return violations
+
+
+def withdrawn_grants(clients: Iterable[ClientLease], pods: Iterable[PodTruth]) -> list[str]:
+    """A claim a gateway took back (its entry free again, unreleased) was never granted to a client.
+
+    The same key may be claimed again on the same Pod by a retry; a grant is fine while one claim
+    under its key still stands.
+    """
+    claims: dict[tuple[str, str], list[ObservedLease]] = defaultdict(list)
+    for pod in pods:
+        for observed in pod.leases:
+            claims[(pod.name, observed.key)].append(observed)
+    violations = []
+    for lease in clients:
+        seen = claims.get((lease.pod, lease.key), [])
+        if seen and all(observed.withdrawn_at is not None for observed in seen):
+            taken = min(o.withdrawn_at for o in seen if o.withdrawn_at is not None)
+            if taken < lease.held_until:
+                violations.append(
+                    f"lease {lease.key} on pod {lease.pod} was granted at {lease.granted_at:.3f} "
+                    f"but its claim was taken back at {taken:.3f}, before it ended"
+                )
     return violations
 
 
@@ -382,6 +413,7 @@ def check_history(
     return [
         *double_leases(pods, clients),
         *unrecorded_leases(clients, pods, gaps),
+        *withdrawn_grants(clients, pods),
         *leases_lost_while_alive(clients, losses),
         *silent_losses(clients, losses, hang_seconds=hang_seconds),
         *leased_pods_deleted(pods, losses),

@@ -1,8 +1,8 @@
 """The cluster's record of every sandbox Pod's life, from watches the harness owns (never the gateway's).
 
 It notes each Pod's node, every distinct lease it carried (its annotation, or its entry in its
-shard's SandboxLedger), and when it was released, marked for deletion and gone; relists (after an
-apiserver restart) are noted as gaps.
+shard's SandboxLedger), a claim taken back (its entry free again with no release), and when it
+was released, marked for deletion and gone; relists (after an apiserver restart) are noted as gaps.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from sandfleet.core import api
@@ -139,8 +139,12 @@ class PodRecorder:
                 uid = self._uid_by_name.get(pod)
                 if uid is None:
                     self._early.setdefault(pod, []).append(entry)
-                else:
-                    self._note_entry(self.pods[uid], entry, now)
+                    continue
+                truth = self.pods[uid]
+                self._note_entry(truth, entry, now)
+                was = entry_from_json(before[pod]) if pod in before else None
+                if was is not None and was.state == api.LEASE_LEASED and entry.state == api.LEASE_FREE:
+                    self._note_withdrawal(truth, entry, now)
 
     @staticmethod
     def _note_entry(truth: PodTruth, entry: LedgerEntry, now: float) -> None:
@@ -160,6 +164,14 @@ class PodRecorder:
             kept = Reservation(entry.episodes, holder, run, entry.reserved_since or now)
             if kept not in truth.reservations:
                 truth.reservations.append(kept)
+
+    @staticmethod
+    def _note_withdrawal(truth: PodTruth, entry: LedgerEntry, now: float) -> None:
+        """Leased, then free with no release between: the claim was taken back (un-claimed)."""
+        if not truth.leases or truth.leases[-1].withdrawn_at is not None:
+            return
+        at = min(entry.changed_at, now) if entry.changed_at else now
+        truth.leases[-1] = replace(truth.leases[-1], withdrawn_at=at)
 
     @staticmethod
     def _note_reservation(truth: PodTruth, metadata: dict[str, Any]) -> None:

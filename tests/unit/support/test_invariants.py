@@ -19,6 +19,7 @@ from tests.support.invariants import (
     silent_losses,
     unrecorded_leases,
     warm_sandboxes,
+    withdrawn_grants,
 )
 
 
@@ -181,6 +182,38 @@ def test_a_leased_pod_deleted_under_its_holder_is_caught_unless_it_was_lost() ->
     assert "while leased" in violation
     assert leased_pods_deleted([deleted], [Loss("sb-1", 102.9, "node deleted")]) == []
     assert leased_pods_deleted([pod("sb-2", ("k2", 100.0), released_at=101.0, gone=102.0)], []) == []
+
+
+def withdrawn(name: str, key: str, at: float, taken: float, gone: float | None = None) -> PodTruth:
+    """A Pod whose claim under `key` (made at `at`) a gateway took back at `taken`."""
+    truth = pod(name, gone=gone)
+    truth.leases = [ObservedLease(key, "actor-0", at, at + 10.0, withdrawn_at=taken)]
+    return truth
+
+
+def test_a_claim_taken_back_ends_there_so_the_pod_may_be_deleted_or_claimed_again() -> None:
+    unclaimed = withdrawn("sb-1", "k1", 100.0, taken=101.0, gone=103.0)
+    assert leased_pods_deleted([unclaimed], []) == []
+    unclaimed.leases.append(ObservedLease("k2", "actor-0", 102.0, 112.0))
+    assert double_leases([unclaimed], [client("k2", "sb-1", 102.0, released(103.0))]) == []
+    assert withdrawn_grants([client("k2", "sb-1", 102.0, released(103.0))], [unclaimed]) == []
+
+
+def test_a_claim_taken_back_from_a_holder_that_was_told_of_it_is_caught() -> None:
+    told = client("k1", "sb-1", 100.2, ok("exec", 100.5))  # held to its TTL, 110.2
+    (violation,) = withdrawn_grants([told], [withdrawn("sb-1", "k1", 100.0, taken=101.0)])
+    assert "taken back" in violation
+    # A retry under the same key that claimed the Pod again holds it: no violation.
+    again = withdrawn("sb-1", "k1", 100.0, taken=101.0)
+    again.leases.append(ObservedLease("k1", "actor-0", 101.5, 111.5))
+    assert withdrawn_grants([told], [again]) == []
+    # Taken back only after the holder released it: the release ended it first.
+    assert (
+        withdrawn_grants(
+            [client("k1", "sb-1", 100.2, released(100.6))], [withdrawn("sb-1", "k1", 100.0, taken=101.0)]
+        )
+        == []
+    )
 
 
 def test_a_pod_outliving_its_lease_past_the_reap_time_is_an_orphan() -> None:
