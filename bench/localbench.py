@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -39,6 +42,32 @@ def wait_for_serve(url: str, server: subprocess.Popen[bytes], server_log: Path, 
         if server.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("serve did not get ready:\n" + server_log.read_text(errors="replace")[-3000:])
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def serving_tasks(workdir: Path, warm: int, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`sandfleet serve --local --tasks` on a free port for the block (its URL); SIGTERM after.
+
+    The first run builds runsc and the images, hence the long wait; its log is `workdir/serve.log`.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_log = workdir / "serve.log"
+    argv = [str(REPO / ".venv" / "bin" / "sandfleet"), "serve", "--local", "--tasks", "--port", str(port)]
+    with server_log.open("wb") as out:
+        server = subprocess.Popen(
+            [*argv, "--warm", str(warm), *extra], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO
+        )
+    try:
+        wait_for_serve(url, server, server_log, 1200)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def log(name: str, message: str) -> None:

@@ -16,22 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
 
-from localbench import REPO, free_port, log, percentile, wait_for_serve
+from localbench import REPO, log, percentile, serving_tasks
 
 sys.path.insert(0, str(REPO))
 
 from sandfleet.client import Fleet, Sandbox
-from sandfleet.rl.tasks import Task, apply_edit, load_tasks
+from sandfleet.rl.tasks import apply_edit, load_tasks
+from sandfleet.tasks.catalogue import Task
 from tests.support.reward_attacks import ATTACKS, Attack, script
 
-SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
 TESTS = "src/isodate/tests/test_duration.py"
 SHORT_ATTACKS = (
     "reward file written by the module",
@@ -43,20 +42,20 @@ SHORT_ATTACKS = (
 
 def by_command(task: Task) -> dict[str, Any]:
     """How the loop scored a task before the named-tests rule: its command, in the episode's tree."""
-    return {"shell": task.test_command, "cwd": task.cwd, "timeout_s": 45, "require_report": True}
+    return {"shell": task.workspace_test_command, "cwd": task.tree, "timeout_s": 45, "require_report": True}
 
 
 def by_task(task: Task) -> dict[str, Any]:
-    return {"task": {**task.scoring, "timeout_s": 45}}
+    return {"task": {**task.scoring(), "timeout_s": 45}}
 
 
 def attacked(fleet: Fleet, task: Task, attack: Attack, body: dict[str, Any]) -> dict[str, Any]:
     with fleet.lease("default") as sandbox:
-        broken = sandbox.read_file(f"{task.cwd}/{task.path}").decode()
+        broken = sandbox.read_file(task.bug_path).decode()
         fixed = apply_edit(broken, task.broken, task.original)
-        deciding = list(cast(list[str], task.scoring["deciding"]))
+        deciding = list(cast(list[str], task.scoring()["deciding"]))
         made = sandbox.exec(
-            ["python3", "-c", script(attack, task.path, TESTS, fixed, deciding)], cwd=task.cwd
+            ["python3", "-c", script(attack, task.bug_edit.file, TESTS, fixed, deciding)], cwd=task.tree
         )
         if not made.ok:
             raise SystemExit(f"attack {attack.name!r} failed to apply: {made.stderr}")
@@ -65,8 +64,8 @@ def attacked(fleet: Fleet, task: Task, attack: Attack, body: dict[str, Any]) -> 
 
 
 def honest(sandbox: Sandbox, task: Task, body: dict[str, Any]) -> float:
-    source = sandbox.read_file(f"{task.cwd}/{task.path}").decode()
-    sandbox.write_file(f"{task.cwd}/{task.path}", apply_edit(source, task.broken, task.original))
+    source = sandbox.read_file(task.bug_path).decode()
+    sandbox.write_file(task.bug_path, apply_edit(source, task.broken, task.original))
     started = time.monotonic()
     result = sandbox.score(**body)
     seconds = time.monotonic() - started
@@ -79,38 +78,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--short", action="store_true", help="CI size")
     args = parser.parse_args()
-    (task,) = [t for t in load_tasks() if t.name.startswith("isodate-")]
+    (task,) = [t for t in load_tasks() if t.id.startswith("isodate-")]
     attacks = [a for a in ATTACKS if not args.short or a.name in SHORT_ATTACKS]
     episodes = 4 if args.short else 12
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="sandfleet-bench-attacks-") as tmp:
-        server_log = Path(tmp) / "serve.log"
         log("attacks", "starting the embedded gateway with the task image (built on first use)")
-        with server_log.open("wb") as out:
-            server = subprocess.Popen(
-                [str(SANDFLEET), "serve", "--local", "--tasks", "--port", str(port), "--warm", "3"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-            )  # fmt: skip
-        try:
-            wait_for_serve(url, server, server_log, 1200)  # the first run builds the images
+        with serving_tasks(Path(tmp), 3) as url, Fleet(url, timeout=120) as fleet:
             table: list[dict[str, Any]] = []
-            with Fleet(url, timeout=120) as fleet:
-                for index, attack in enumerate(attacks, 1):
-                    before = attacked(fleet, task, attack, by_command(task))
-                    after = attacked(fleet, task, attack, by_task(task))
-                    table.append({"attack": attack.name, "before": before, "after": after})
-                    log("attacks", f"{index}/{len(attacks)} {attack.name}: before {before}, after {after}")
-                timings: dict[str, list[float]] = {"command": [], "task": []}
-                for episode in range(episodes):
-                    for path, body in (("command", by_command(task)), ("task", by_task(task))):
-                        with fleet.lease("default") as sandbox:
-                            timings[path].append(honest(sandbox, task, body))
-                    log("attacks", f"honest episode {episode + 1}/{episodes} on both paths")
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=60)
+            for index, attack in enumerate(attacks, 1):
+                before = attacked(fleet, task, attack, by_command(task))
+                after = attacked(fleet, task, attack, by_task(task))
+                table.append({"attack": attack.name, "before": before, "after": after})
+                log("attacks", f"{index}/{len(attacks)} {attack.name}: before {before}, after {after}")
+            timings: dict[str, list[float]] = {"command": [], "task": []}
+            for episode in range(episodes):
+                for path, body in (("command", by_command(task)), ("task", by_task(task))):
+                    with fleet.lease("default") as sandbox:
+                        timings[path].append(honest(sandbox, task, body))
+                log("attacks", f"honest episode {episode + 1}/{episodes} on both paths")
     paid_before = sum(1 for row in table if row["before"]["reward"] > 0)
     paid_after = sum(1 for row in table if row["after"]["reward"] > 0)
     cost = {
@@ -120,7 +106,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "task": task.name,
+                "task": task.id,
                 "attacks": table,
                 "attacks_paid_before": paid_before,
                 "attacks_paid_after": paid_after,

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from localbench import free_port, log, wait_for_serve
+from localbench import log, serving_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 SANDFLEET = REPO / ".venv" / "bin" / "sandfleet"
@@ -33,41 +33,25 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.short else 120.0)
-    port = free_port()  # not a fixed one: 18093, which it had, is also a fault-suite gateway port
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "SANDFLEET_URL": url}
     run = f"bench-{int(time.time())}"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="sandfleet-bench-rl-") as tmp:
-        server_log = Path(tmp) / "serve.log"
         log("rl", "starting the embedded gateway with the task image (built on first use)")
-        with server_log.open("wb") as out:
-            server = subprocess.Popen(
-                [str(SANDFLEET), "serve", "--local", "--tasks", "--port", str(port), "--warm", "6",
-                 "--policy-file", str(Path(tmp) / "policies.json")],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            )  # fmt: skip
-        try:
-            wait_for_serve(url, server, server_log, 1200)  # the first run builds runsc and two images
+        policies = ["--policy-file", str(Path(tmp) / "policies.json")]
+        with serving_tasks(Path(tmp), 6, *policies) as url:
             log("rl", f"RL loop: 2 actors and a learner for {seconds:.0f}s (run {run})")
             summary_path = Path(tmp) / "summary.json"
             result = subprocess.run(
                 [str(SANDFLEET), "rl", "run", "--run", run, "--pool", "default", "--actors", "2",
                  "--duration", str(seconds), "--summary-json", str(summary_path)],
-                env=env, cwd=REPO, capture_output=True, text=True, timeout=seconds + 600,
+                env={**os.environ, "SANDFLEET_URL": url}, cwd=REPO, capture_output=True, text=True,
+                timeout=seconds + 600,
             )  # fmt: skip
             if result.returncode != 0:
                 raise SystemExit(
                     f"sandfleet rl run failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
                 )
             summary = json.loads(summary_path.read_text())
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
     profile = summary["profile"]
     log("rl", f"{summary['episodes']} episodes; verdict: {profile.get('verdict', {})}")
     lease = summary["lease_seconds"]

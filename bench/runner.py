@@ -68,6 +68,12 @@ BENCHMARKS = (
     Benchmark("agent_exec", "agent_exec.py", "exec through the in-sandbox agent", "runsc, root", 3),
     Benchmark("sandbox_density", "sandbox_density.py", "20 sandboxes on 2 cores", "runsc, root"),
     Benchmark("rl_loop", "rl_loop.py", "reference async RL loop and its profile", "runsc, root"),
+    Benchmark(
+        "reward_attacks",
+        "reward_attacks.py",
+        "reward attacks on a catalogue task, a test command's report vs the named tests",
+        "runsc, root",
+    ),
     Benchmark("gateway_leases", "gateway_leases.py", "leases through the gateway", "own local cluster", 3),
     Benchmark(
         "gateway_replicas",

@@ -68,7 +68,7 @@ def check(steps: int, size: int, seed: int) -> dict[str, Any]:
     """Train numpy and cuda side by side; what was measured (raises TorchUnavailable without CUDA)."""
     torch = load_torch()
     device = resolve_device("cuda", torch)
-    actions = {task.name: len(task.candidates) for task in load_tasks()}
+    actions = {task.id: len(task.choices) for task in load_tasks()}
     gpu = make_policy(actions, device, seed=seed, torch=torch)
     reference = SoftmaxPolicy(actions, seed=seed)
     work = batches(actions, steps, size, seed)

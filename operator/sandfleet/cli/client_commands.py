@@ -279,7 +279,7 @@ def _task_scoring(task_id: str, catalogue: Path | None) -> dict[str, object]:
     try:
         parsed = parse_catalogue(path.read_text(), str(path))
         (entry,) = parsed.select([task_id])
-        return parsed.scoring(entry)
+        return entry.scoring()
     except (OSError, CatalogueError, KeyError, ValueError) as error:
         raise _fail(RuntimeError(f"cannot score task {task_id!r} from {str(path)!r}: {error}")) from None
 

@@ -23,7 +23,7 @@ from sandfleet.cli.client_commands import TOKEN, URL, console
 
 if TYPE_CHECKING:
     from sandfleet.rl.loop import Learner, LoopStats
-    from sandfleet.rl.tasks import Task
+    from sandfleet.tasks.catalogue import Task
 
 GATEWAY_URL = Annotated[
     str | None,
@@ -66,7 +66,8 @@ app.add_typer(rl, name="rl")
 
 def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
     """The catalogue's tasks (the default one's without it); a bad catalogue is one line and exit 1."""
-    from sandfleet.rl.tasks import TaskBuildError, load_tasks
+    from sandfleet.rl.tasks import load_tasks
+    from sandfleet.tasks.fetching import TaskBuildError
 
     try:
         return load_tasks(catalogue)
@@ -78,7 +79,8 @@ def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
 @rl.command("build-tasks")
 def build_tasks(tasks: TASKS = None) -> None:
     """Fetch the tasks' packages from PyPI (cached), break them, build the task image (root)."""
-    from sandfleet.rl.tasks import DEFAULT_CATALOGUE, TaskBuildError, build_image, image_name
+    from sandfleet.rl.tasks import DEFAULT_CATALOGUE, build_image, image_name
+    from sandfleet.tasks.fetching import TaskBuildError
 
     try:
         typer.echo(json.dumps(build_image(_tasks(tasks), image_name(tasks or DEFAULT_CATALOGUE))))
@@ -235,7 +237,7 @@ def learner(
                         learning_rate=learning_rate, clip=clip, seed=seed, tasks=_tasks(tasks))  # fmt: skip
     try:
         resolved = resolve_device(device)
-        policy = make_policy({t.name: len(t.candidates) for t in config.tasks}, resolved, seed)
+        policy = make_policy({t.id: len(t.choices) for t in config.tasks}, resolved, seed)
     except (TorchUnavailable, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from None

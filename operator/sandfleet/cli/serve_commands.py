@@ -98,13 +98,8 @@ def serve(
             base = asyncio.run(ensure_base_image())
         images = [base if name == "base" else image_ref_from_layout(name) for name in names]
         if tasks:
-            from sandfleet.rl.tasks import (
-                DEFAULT_CATALOGUE,
-                TaskBuildError,
-                build_image,
-                image_name,
-                load_tasks,
-            )
+            from sandfleet.rl.tasks import DEFAULT_CATALOGUE, build_image, image_name, load_tasks
+            from sandfleet.tasks.fetching import TaskBuildError
 
             with console.status("fetching the tasks from PyPI (cached) and building their image..."):
                 try:

@@ -14,7 +14,7 @@ from sandfleet.cli.task_commands import task
 
 if TYPE_CHECKING:
     from sandfleet.client import AsyncFleet
-    from sandfleet.tasks.catalogue import Catalogue, Task
+    from sandfleet.tasks.catalogue import Task
     from sandfleet.tasks.checking import TaskCheck
 
 DEFAULT_CATALOGUE = Path("tasks/catalogue.yaml")
@@ -41,7 +41,7 @@ def mine(
     """Mutate what the package's tests cover; keep mutants its tests catch, as verified tasks."""
     import re
 
-    from sandfleet.rl.tasks import TaskBuildError, cache_dir
+    from sandfleet.rl.tasks import cache_dir
     from sandfleet.tasks.catalogue import (
         SDIST_PATTERN,
         Catalogue,
@@ -50,6 +50,7 @@ def mine(
         dump_catalogue,
         parse_catalogue,
     )
+    from sandfleet.tasks.fetching import TaskBuildError
     from sandfleet.tasks.mining import (
         Miner,
         MiningError,
@@ -148,7 +149,7 @@ def check(
         results = []
         async with AsyncFleet(url=url, token=token) as fleet:
             for index, entry in enumerate(chosen, start=1):
-                result = await _check_one(fleet, parsed, entry, pool, wait, image)
+                result = await _check_one(fleet, entry, pool, wait, image)
                 results.append(result)
                 verdict = (
                     "verified" if result.verified else "[red]FAILED[/red]: " + "; ".join(result.problems)
@@ -181,20 +182,17 @@ def check(
 
 
 async def _check_one(
-    fleet: AsyncFleet, catalogue: Catalogue, entry: Task, pool: str, wait: float, image: str | None = None
+    fleet: AsyncFleet, entry: Task, pool: str, wait: float, image: str | None = None
 ) -> TaskCheck:
     """Bug, then fix, then the clean tree, in one sandbox, each scored as an episode is scored."""
-    from sandfleet.tasks.catalogue import WORKSPACE
     from sandfleet.tasks.checking import (
         TaskCheck,
         bug_problems,
-        expected_passing,
         outcomes,
         passing_problems,
     )
 
-    cwd = f"{WORKSPACE}/tasks/{entry.id}"
-    scoring = catalogue.scoring(entry)
+    scoring = entry.scoring()
     started = time.monotonic()
     problems: list[str] = []
     async with fleet.lease(
@@ -213,11 +211,11 @@ async def _check_one(
         reward, tests = await evaluate()
         problems += bug_problems(entry, reward, tests)
         bug_failing = sum(1 for t in entry.fail_to_pass if tests.get(t) != "passed")
-        expected = expected_passing(catalogue, entry)
+        expected = entry.deciding()  # what must pass once fixed
         fix = entry.fix_edit()
         fixed_passing = 0
         if fix is not None:
-            path = f"{cwd}/{fix.file}"
+            path = f"{entry.tree}/{fix.file}"
             broken = (await sandbox.read_file(path)).decode()
             try:
                 await sandbox.write_file(path, fix.apply(broken))

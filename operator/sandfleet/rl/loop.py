@@ -43,7 +43,8 @@ from sandfleet.client import (
 from sandfleet.core.profile import percentile
 from sandfleet.rl.outcomes import is_infrastructure, verdict
 from sandfleet.rl.policy import Array, SoftmaxPolicy, Trajectory, UpdateStats
-from sandfleet.rl.tasks import Task, apply_edit, load_tasks
+from sandfleet.rl.tasks import apply_edit, load_tasks
+from sandfleet.tasks.catalogue import Task
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Learner:
         self.config = config
         self.stats = stats
         self.policy: TrainablePolicy = policy or SoftmaxPolicy(
-            {t.name: len(t.candidates) for t in config.tasks}, seed=config.seed
+            {t.id: len(t.choices) for t in config.tasks}, seed=config.seed
         )
         self.published = self.policy.snapshot()
         # Bounded so a learner that falls behind pushes back (429) instead of growing without limit.
@@ -216,7 +217,7 @@ class Learner:
             else 0.0,
             "mean_reward_last_20": sum(recent) / len(recent) if recent else 0.0,
             "probabilities_correct": {
-                t.name: float(self.policy.probabilities(t.name)[t.correct]) for t in self.config.tasks
+                t.id: float(self.policy.probabilities(t.id)[t.correct_choice]) for t in self.config.tasks
             },
         }
 
@@ -303,7 +304,7 @@ class Actor:
 
     def _labels(self, task: Task, episode: str) -> dict[str, str]:
         # The actor label lets a stopping actor find (and release) a lease it may not have heard of.
-        return {"run": self.config.run, "episode": episode, "task": task.name, "actor": self.name}
+        return {"run": self.config.run, "episode": episode, "task": task.id, "actor": self.name}
 
     async def episode(self, task: Task, episode: str) -> Trajectory | None:
         """One episode; its trajectory once sent to the learner, None if the fleet failed it."""
@@ -363,17 +364,16 @@ class Actor:
 
         t = span("sandbox_wait", started)
         self.stats.lease_seconds.append(spans[-1].end - spans[-1].start)
-        path = f"{task.cwd}/{task.path}"
-        source = (await sandbox.read_file(path)).decode()
+        source = (await sandbox.read_file(task.bug_path)).decode()
         t = span("tool", t)
-        action, logp = policy.sample(task.name, self.rng)
+        action, logp = policy.sample(task.id, self.rng)
         await asyncio.sleep(self.config.think_seconds)
         t = span("generate", t)
-        await sandbox.write_file(path, apply_edit(source, task.broken, task.candidates[action]))
+        await sandbox.write_file(task.bug_path, apply_edit(source, task.broken, task.choices[action]))
         t = span("tool", t)
         # The task's deciding tests, run from its own copy with the edit carried over (hidden tests
         # are written only there: the policy never sees them).
-        result = await sandbox.score(task=dict(task.scoring))
+        result = await sandbox.score(task=task.scoring())
         t = span("score", t)
         return _Played(action, logp, result, spans)
 
@@ -384,11 +384,11 @@ class Actor:
         scored = verdict(result.outcome, result.reward)
         if not scored.train:
             self.stats.infra_errors += 1
-            self.stats.infra_reasons.append(f"{self.name}: {task.name}: {result.reason or result.outcome}")
+            self.stats.infra_reasons.append(f"{self.name}: {task.id}: {result.reason or result.outcome}")
             return None
         if result.outcome is Outcome.TIMED_OUT:
             self.stats.timed_out += 1
-        trajectory = Trajectory(task.name, action, logp, scored.reward, policy.version, self.name)
+        trajectory = Trajectory(task.id, action, logp, scored.reward, policy.version, self.name)
         self.stats.episodes += 1
         self.stats.rewards.append(scored.reward)
         await self.link.send(trajectory)
@@ -435,7 +435,7 @@ async def run_loop(
         await asyncio.gather(*tasks, learning, return_exceptions=True)
         await fleet.release_run(config.run)
     stats.probabilities_correct = {
-        t.name: float(learner.policy.probabilities(t.name)[t.correct]) for t in config.tasks
+        t.id: float(learner.policy.probabilities(t.id)[t.correct_choice]) for t in config.tasks
     }
     return stats, learner
 

@@ -49,7 +49,7 @@ class TrajectoriesIn(BaseModel):
 def learner_app(learner: Learner) -> FastAPI:
     """The endpoint over a started `Learner` (its weights and inbox)."""
     app = FastAPI(title="sandfleet learner", docs_url=None, redoc_url=None)
-    actions = {t.name: len(t.candidates) for t in learner.config.tasks}
+    actions = {t.id: len(t.choices) for t in learner.config.tasks}
 
     @app.post(TRAJECTORIES_PATH, status_code=202)
     async def trajectories(body: TrajectoriesIn) -> dict[str, int]:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 SDIST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
@@ -22,6 +22,15 @@ WORKSPACE = "/workspace"
 PRISTINE_WORKSPACE = "/opt/sandfleet/pristine/workspace"
 # How the named-tests rule runs a test command: pytest, through the agent's verdict runner.
 PYTEST_COMMANDS = (("python3", "-m", "pytest"), ("python", "-m", "pytest"), ("pytest",))
+
+
+def suite_pythonpath(deps: str, requires: str | None) -> str:
+    """PYTHONPATH for a tree's tests: pytest, the tree, then its dependencies.
+
+    The dependencies come after the tree, so none shadows the package under test (six is both
+    isodate's dependency and a task of its own).
+    """
+    return f"{deps}:." + (f":{requires}" if requires else "")
 
 
 class CatalogueError(ValueError):
@@ -140,6 +149,10 @@ class Task(_Strict):
         list[str], Field(description="replacements an RL policy may try for the bug's edit")
     ] = []
     timeouts: Timeouts | None = None
+    # The catalogue's sources[source]: a Catalogue binds each of its tasks, so a task read from one
+    # gives all that running it takes (its tree, choices, deciding tests, scoring). Private, so it
+    # stays out of the schema and the YAML.
+    _source: Source | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _fixable(self) -> Task:
@@ -154,6 +167,99 @@ class Task(_Strict):
         assert self.bug.edit is not None
         return self.bug.edit.reverse()
 
+    @property
+    def source_entry(self) -> Source:
+        """The catalogue's `sources` entry this task names; RuntimeError outside a catalogue."""
+        if self._source is None:
+            raise RuntimeError(
+                f"task {self.id} is not bound to its source: use the tasks of a Catalogue "
+                "(parse_catalogue, or Catalogue(sources=..., tasks=...)), which binds each one"
+            )
+        return self._source
+
+    @property
+    def bug_edit(self) -> Edit:
+        """The bug as an edit; ValueError for a bug given as a patch."""
+        if self.bug.edit is None:
+            raise ValueError(f"task {self.id}: its bug is a patch, not an edit")
+        return self.bug.edit
+
+    @property
+    def original(self) -> str:
+        """The text as upstream wrote it, which the bug's edit replaces."""
+        return self.bug_edit.find
+
+    @property
+    def broken(self) -> str:
+        """The text the bug's edit leaves in the file."""
+        return self.bug_edit.replace
+
+    @property
+    def tree(self) -> str:
+        """Where the task image lays the task's tree, its bug applied."""
+        return f"{WORKSPACE}/tasks/{self.id}"
+
+    @property
+    def bug_path(self) -> str:
+        """The absolute path, in the task image, of the file the bug's edit changes."""
+        return f"{self.tree}/{self.bug_edit.file}"
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The texts an RL policy chooses from for the broken one: `candidates`, else original and broken."""
+        return tuple(self.candidates) or (self.original, self.broken)
+
+    @property
+    def correct_choice(self) -> int:
+        """The index of the original text in `choices`."""
+        return self.choices.index(self.original)
+
+    @property
+    def test_timeout_s(self) -> float:
+        """Seconds one run of the tests may take: the task's timeouts, else its source's."""
+        return (self.timeouts or self.source_entry.timeouts).test_s
+
+    @property
+    def workspace_test_command(self) -> str:
+        """The source's test command as run in `tree`: pytest and the dependencies from /workspace.
+
+        Scoring does not run it (`scoring()` runs the deciding tests from the image's read-only
+        copy); it runs a task's whole suite in its own tree, as the end-to-end checks do.
+        """
+        source = self.source_entry
+        requires = f"{WORKSPACE}/.requires/{source.directory}" if source.directory is not None else None
+        return f"PYTHONPATH={suite_pythonpath(f'{WORKSPACE}/.deps', requires)} {source.test_command}"
+
+    def pass_to_pass(self) -> list[str]:
+        """Tests that pass with and without the bug: the clean tree's, less the task's FAIL_TO_PASS."""
+        failing = set(self.fail_to_pass)
+        return [t for t in self.source_entry.tests_passing if t not in failing]
+
+    def deciding(self) -> list[str]:
+        """The tests that decide the task: FAIL_TO_PASS, then PASS_TO_PASS."""
+        return [*self.fail_to_pass, *self.pass_to_pass()]
+
+    def scoring(self) -> dict[str, object]:
+        """The `task` object of an evaluate request that scores this task by its deciding tests.
+
+        Its tree is the image's /workspace/tasks/<id>; the agent rebuilds it from the image's
+        read-only copy plus the episode's source edits, and runs pytest with pytest and the
+        dependencies from that copy too (docs/tasks.md, How rewards are computed).
+        """
+        source = self.source_entry
+        deps = [f"{PRISTINE_WORKSPACE}/.deps", "."]
+        if source.directory is not None:
+            deps.append(f"{PRISTINE_WORKSPACE}/.requires/{source.directory}")
+        return {
+            "tree": self.tree,
+            "pristine": f"{PRISTINE_WORKSPACE}/tasks/{self.id}",
+            "deciding": self.deciding(),
+            "pytest_args": source.pytest_args,
+            "pythonpath": deps,
+            "files": dict(self.hidden_tests),
+            "timeout_s": self.test_timeout_s,
+        }
+
 
 class Catalogue(_Strict):
     """A task catalogue: named sources, and tasks over them."""
@@ -163,7 +269,7 @@ class Catalogue(_Strict):
     tasks: list[Task]
 
     @model_validator(mode="after")
-    def _references(self) -> Catalogue:
+    def _bind_tasks(self) -> Catalogue:
         seen: set[str] = set()
         for index, task in enumerate(self.tasks):
             if task.source not in self.sources:
@@ -174,6 +280,11 @@ class Catalogue(_Strict):
             if task.id in seen:
                 raise ValueError(f"tasks[{index}]: task id {task.id!r} is used twice; ids must be unique")
             seen.add(task.id)
+            # pydantic keeps the Task instances it is given: bind a copy, so a task given to two
+            # catalogues knows each one's source.
+            bound = task.model_copy()
+            bound._source = self.sources[task.source]
+            self.tasks[index] = bound
         return self
 
     def select(self, ids: Iterable[str] | None) -> list[Task]:
@@ -185,37 +296,6 @@ class Catalogue(_Strict):
         if unknown:
             raise KeyError(f"no task {', '.join(unknown)} in the catalogue")
         return [t for t in self.tasks if t.id in set(wanted)]
-
-    def pass_to_pass(self, task: Task) -> list[str]:
-        """Tests that pass with and without the bug: the clean tree's, less the task's FAIL_TO_PASS."""
-        failing = set(task.fail_to_pass)
-        return [t for t in self.sources[task.source].tests_passing if t not in failing]
-
-    def deciding(self, task: Task) -> list[str]:
-        """The tests that decide the task: FAIL_TO_PASS, then PASS_TO_PASS."""
-        return [*task.fail_to_pass, *self.pass_to_pass(task)]
-
-    def scoring(self, task: Task) -> dict[str, object]:
-        """The `task` object of an evaluate request that scores this task by its deciding tests.
-
-        Its tree is the image's /workspace/tasks/<id>; the agent rebuilds it from the image's
-        read-only copy plus the episode's source edits, and runs pytest with pytest and the
-        dependencies from that copy too (docs/tasks.md, How rewards are computed).
-        """
-        source = self.sources[task.source]
-        deps = [f"{PRISTINE_WORKSPACE}/.deps", "."]
-        if source.directory is not None:
-            deps.append(f"{PRISTINE_WORKSPACE}/.requires/{source.directory}")
-        timeouts = task.timeouts or source.timeouts
-        return {
-            "tree": f"{WORKSPACE}/tasks/{task.id}",
-            "pristine": f"{PRISTINE_WORKSPACE}/tasks/{task.id}",
-            "deciding": self.deciding(task),
-            "pytest_args": source.pytest_args,
-            "pythonpath": deps,
-            "files": dict(task.hidden_tests),
-            "timeout_s": timeouts.test_s,
-        }
 
 
 def json_schema() -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandfleet.tasks.catalogue import Catalogue, Task
+from sandfleet.tasks.catalogue import Task
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,6 @@ def passing_problems(
             f"{what}: {len(failing)} tests do not pass, e.g. {shown} ({tests.get(shown, 'missing')})"
         )
     return problems
-
-
-def expected_passing(catalogue: Catalogue, task: Task) -> list[str]:
-    """Tests that must pass once fixed: FAIL_TO_PASS and PASS_TO_PASS."""
-    return [*task.fail_to_pass, *catalogue.pass_to_pass(task)]
 
 
 def summary(checks: Sequence[TaskCheck]) -> str:

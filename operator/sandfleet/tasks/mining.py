@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandfleet.tasks.catalogue import Bug, Edit, Mutation, Source, Task
+from sandfleet.tasks.catalogue import Bug, Edit, Mutation, Source, Task, suite_pythonpath
+from sandfleet.tasks.fetching import TEST_WHEELS, TaskBuildError, pip_download
 from sandfleet.tasks.mutations import Mutant, edit_anchor, mutants
 
-TEST_WHEELS = ("pytest==8.3.4", "pluggy==1.5.0", "iniconfig==2.0.0", "packaging==24.2")
 COVERAGE_WHEEL = "coverage==7.6.10"
 HOST_PYTHON = "/usr/bin/python3"
 _SITECUSTOMIZE = "import coverage\ncoverage.process_startup()\n"
@@ -391,8 +391,6 @@ class Miner:
 
 def fetch_sdist(requirement: str, downloads: Path) -> Path:
     """The pinned sdist from PyPI (cached), by `pip download --no-binary :all: --no-deps`."""
-    from sandfleet.rl.tasks import pip_download
-
     name, version = requirement.split("==")
     pattern = f"{name.replace('-', '[-_]')}-{version}.tar.gz"
     found = sorted(downloads.glob(pattern)) or sorted(downloads.glob(f"{name}-{version}.tar.gz"))
@@ -414,8 +412,6 @@ def runtime_wheels(requirement: str, downloads: Path) -> list[Path]:
     A task's tests import its package's dependencies (isodate needs six). pip resolves them once
     (`install --dry-run --report`); the pins are kept next to the sdist, so a rebuild is offline.
     """
-    from sandfleet.rl.tasks import TaskBuildError, pip_download
-
     name, version = requirement.split("==")
     pins_file = downloads / f"{_canonical(name)}-{version}.requires.txt"
     if not pins_file.is_file():
@@ -460,15 +456,6 @@ def unpack_wheels(wheels: list[Path], target: Path) -> Path:
     return target
 
 
-def suite_pythonpath(deps: str, requires: str | None) -> str:
-    """PYTHONPATH for a tree's tests: pytest, the tree, then its dependencies.
-
-    The dependencies come after the tree, so none shadows the package under test (six is both
-    isodate's dependency and a task of its own).
-    """
-    return f"{deps}:." + (f":{requires}" if requires else "")
-
-
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -504,8 +491,6 @@ def unpack(sdist: Path, dest: Path) -> Path:
 
 def test_deps(downloads: Path, dest: Path, with_coverage: bool) -> Path:
     """Pytest's wheels (and coverage's, for mining) unpacked into one directory on PYTHONPATH."""
-    from sandfleet.rl.tasks import pip_download
-
     wanted = [*TEST_WHEELS, *([COVERAGE_WHEEL] if with_coverage else [])]
     missing = [w for w in wanted if not any(downloads.glob(f"{w.split('==')[0]}-{w.split('==')[1]}-*.whl"))]
     if missing:

@@ -180,19 +180,16 @@ def test_pools_fill_with_gvisor_sandboxes(install: Install) -> None:
 
 def test_lease_exec_evaluate_release_through_the_gateway(install: Install) -> None:
     task = load_tasks()[0]
-    path = f"{task.cwd}/{task.path}"
+    path = task.bug_path
+    run = {"shell": task.workspace_test_command, "cwd": task.tree, "timeout_s": task.test_timeout_s}
     with install.fleet() as fleet, fleet.lease("python", labels={"run": "e2e"}) as sandbox:
         assert sandbox.exec(["python3", "-c", "print(6 * 7)"]).stdout.strip() == "42"
         assert "gVisor" in sandbox.exec(["dmesg"]).stdout
         # The package's own tests fail on the bug, and pass once the edit restores upstream's text.
-        assert (
-            sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s)["reward"] == 0.0
-        )
+        assert sandbox.evaluate(**run)["reward"] == 0.0
         broken = sandbox.read_file(path).decode()
         sandbox.write_file(path, apply_edit(broken, task.broken, task.original))
-        assert (
-            sandbox.evaluate(shell=task.test_command, cwd=task.cwd, timeout_s=task.timeout_s)["reward"] == 1.0
-        )
+        assert sandbox.evaluate(**run)["reward"] == 1.0
         leased_pod = sandbox.lease.sandbox
     with install.fleet() as fleet:
         assert fleet.leases(run="e2e") == []

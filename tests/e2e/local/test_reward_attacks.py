@@ -5,13 +5,16 @@ scored as the reference loop scores it (the task's `scoring`: its deciding tests
 image's own copy with the episode's source edits carried over). Each attack runs in a fresh
 sandbox as the episode's own command (the sandbox user), with the bug left in place
 (tests/support/reward_attacks.py). Then one attack on each other scoring path: the gateway's HTTP
-API, the CLI's `evaluate --task`, and `task check`'s scorer, which all send the same `task` object.
+API, the CLI's `evaluate --task`, and the gym, SkyRL and verl adapters (built by their real
+packages), each configured with the task's `scoring()` as its evaluate body; `task check` sends
+the same object (tests/unit/tasks/test_scoring_paths.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,20 +23,32 @@ from typing import cast
 
 import httpx
 import pytest
+import skyrl_gym
+import yaml
+from omegaconf import OmegaConf
 
 from sandfleet.adapters.gym import SandboxEnv
+from sandfleet.adapters.skyrl import ENV_ID, SandfleetTextEnv, register
 from sandfleet.client import Fleet, Outcome, Sandbox
 from sandfleet.local.tools import ImageRef
-from sandfleet.rl.tasks import Task, apply_edit, load_tasks
+from sandfleet.rl.tasks import apply_edit, load_tasks
+from sandfleet.tasks.catalogue import Task
 from tests.support.reward_attacks import ATTACKS, PASSING_CONFTEST, Attack, script
 from tests.support.servers import start_local_serve, stop_local_serve
+from tests.support.verl_without_gpu import install
+
+install()
+
+from verl.tools.tool_registry import initialize_tools_from_config  # noqa: E402
+
+from sandfleet.adapters.verl import SandboxTool  # noqa: E402
 
 pytestmark = pytest.mark.gvisor
 
 TOKEN = "local-token"
-(TASK,) = [task for task in load_tasks() if task.name.startswith("isodate-")]
+(TASK,) = [task for task in load_tasks() if task.id.startswith("isodate-")]
 TESTS = "src/isodate/tests/test_duration.py"
-DECIDING = cast(list[str], TASK.scoring["deciding"])
+DECIDING = cast(list[str], TASK.scoring()["deciding"])
 # Long enough for the suite on a loaded machine (1-3 s here), short enough for the import-time loop.
 ATTACK_TIMEOUT_S = 20.0
 
@@ -48,19 +63,19 @@ def gateway(runsc: Path, base_image: ImageRef, tmp_path_factory: pytest.TempPath
 
 
 def scoring(timeout_s: float = ATTACK_TIMEOUT_S) -> dict[str, object]:
-    return {**TASK.scoring, "timeout_s": timeout_s}
+    return {**TASK.scoring(), "timeout_s": timeout_s}
 
 
 def fixed_source(sandbox: Sandbox, task: Task) -> tuple[str, str]:
     """The module's text with the bug, and fixed."""
-    broken = sandbox.read_file(f"{task.cwd}/{task.path}").decode()
+    broken = sandbox.read_file(task.bug_path).decode()
     return broken, apply_edit(broken, task.broken, task.original)
 
 
 def attack_in(sandbox: Sandbox, attack: Attack) -> None:
     _, fixed = fixed_source(sandbox, TASK)
-    program = script(attack, TASK.path, TESTS, fixed, DECIDING)
-    made = sandbox.exec(["python3", "-c", program], cwd=TASK.cwd, timeout_s=60)
+    program = script(attack, TASK.bug_edit.file, TESTS, fixed, DECIDING)
+    made = sandbox.exec(["python3", "-c", program], cwd=TASK.tree, timeout_s=60)
     assert made.ok, f"the attack itself failed: {made.stderr}"
 
 
@@ -72,11 +87,11 @@ def test_the_bug_scores_0_and_the_honest_fix_1(gateway: str) -> None:
             {"name": "src.isodate.tests.test_duration.DurationTest::test_parseerror", "outcome": "failed"}
         ]
         _, fixed = fixed_source(sandbox, TASK)
-        sandbox.write_file(f"{TASK.cwd}/{TASK.path}", fixed)
+        sandbox.write_file(TASK.bug_path, fixed)
         honest = sandbox.score(task=scoring())
         assert (honest.outcome, honest.reward) == (Outcome.PASSED, 1.0), honest.reason
         assert honest["deciding"] == {"total": len(DECIDING), "passed": len(DECIDING), "not_passing": []}
-        assert honest["carried"] == {"changed": [TASK.path], "deleted": []}
+        assert honest["carried"] == {"changed": [TASK.bug_edit.file], "deleted": []}
         assert honest["tampered"] == []
 
 
@@ -109,7 +124,7 @@ def test_an_attack_scores_0_through_the_cli(gateway: str) -> None:
     with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
         attack_in(sandbox, _named("early exit: os._exit(0) at import"))
         env = {**os.environ, "SANDFLEET_URL": gateway, "SANDFLEET_TOKEN": TOKEN}
-        argv = ["evaluate", sandbox.lease.id, "--task", TASK.name, "--json"]
+        argv = ["evaluate", sandbox.lease.id, "--task", TASK.id, "--json"]
         ran = subprocess.run(
             [sys.executable, "-m", "sandfleet.cli", *argv],
             env=env,
@@ -129,7 +144,7 @@ def test_an_attack_scores_0_through_the_gym_adapter(gateway: str) -> None:
         env = SandboxEnv(fleet, "python", instruction="fix the bug", evaluate={"task": scoring()})
         try:
             env.reset(seed=1)
-            conftest = {"tool": "write", "path": f"{TASK.cwd}/conftest.py", "content": PASSING_CONFTEST}
+            conftest = {"tool": "write", "path": f"{TASK.tree}/conftest.py", "content": PASSING_CONFTEST}
             observation = env.step(conftest)[0]
             assert observation.startswith("wrote "), observation
             _, reward, terminated, _, info = env.step({"tool": "submit"})
@@ -138,11 +153,60 @@ def test_an_attack_scores_0_through_the_gym_adapter(gateway: str) -> None:
             env.close()
 
 
+def test_an_attack_scores_0_through_the_skyrl_adapter(gateway: str) -> None:
+    register()
+    config = {"url": gateway, "token": TOKEN, "pool": "python", "evaluate": {"task": scoring()}}
+    env = skyrl_gym.make(ENV_ID, env_config=OmegaConf.create(config))
+    assert isinstance(env, SandfleetTextEnv)
+    try:
+        env.init([{"role": "user", "content": "fix the bug"}])
+        plant = f"import pathlib; pathlib.Path({TASK.tree!r}, 'conftest.py').write_text({PASSING_CONFTEST!r})"
+        planted = env.step(f"<tool><python>{plant}</python></tool>")
+        assert planted["metadata"]["exit_code"] == 0, planted
+        final = env.step("Every test passes now. <solution></solution>")
+        assert (final["reward"], final["done"], final["metadata"]["outcome"]) == (0.0, True, "failed")
+    finally:
+        env.close()
+
+
+async def test_an_attack_scores_0_through_the_verl_tool(gateway: str, tmp_path: Path) -> None:
+    config = {"url": gateway, "token": TOKEN, "pool": "python", "evaluate": {"task": scoring()}}
+    config["type"] = "native"  # verl's loader asks every tool config for its type
+    schema = {"type": "function", "function": {"name": "sandbox", "description": "run a command"}}
+    tools = {
+        "tools": [
+            {"class_name": "sandfleet.adapters.verl.SandboxTool", "config": config, "tool_schema": schema}
+        ]
+    }
+    path = tmp_path / "tool.yaml"
+    path.write_text(yaml.safe_dump(tools))
+    (tool,) = initialize_tools_from_config(str(path))
+    assert isinstance(tool, SandboxTool)
+    instance, _ = await tool.create()
+    try:
+        program = script(_named("sitecustomize.py"), TASK.bug_edit.file, TESTS, "", DECIDING)
+        command = f"cd {TASK.tree} && python3 -c {shlex.quote(program)}"
+        _, _, metrics = await tool.execute(instance, {"command": command})
+        assert metrics["exit_code"] == 0, metrics
+        assert await tool.calc_reward(instance) == 0.0
+        # The same path pays the honest fix, so the 0 was the attack's, not a failed evaluation.
+        fix = (
+            f"import pathlib; p = pathlib.Path({TASK.bug_path!r}); "
+            f"p.write_text(p.read_text().replace({TASK.broken!r}, {TASK.original!r}, 1))"
+        )
+        command = f"rm {TASK.tree}/sitecustomize.py && python3 -c {shlex.quote(fix)}"
+        _, _, metrics = await tool.execute(instance, {"command": command})
+        assert metrics["exit_code"] == 0, metrics
+        assert await tool.calc_reward(instance) == 1.0
+    finally:
+        await tool.release(instance)
+
+
 def test_a_bad_task_object_is_a_clear_400(gateway: str) -> None:
     with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
         answer = httpx.post(
             f"{gateway}/v1/leases/{sandbox.lease.id}/evaluate",
-            json={"task": {**scoring(), "pristine": TASK.cwd}},  # the episode's own tree
+            json={"task": {**scoring(), "pristine": TASK.tree}},  # the episode's own tree
             headers={"Authorization": f"Bearer {TOKEN}"},
             timeout=120,
         )

@@ -50,13 +50,13 @@ def test_only_the_original_line_passes_each_packages_tests(tmp_path: Path) -> No
     # On the host (same Python minor as the image): the reward must tell the candidates apart.
     workspace = prepare_workspace(TASKS, root=tmp_path, downloads=cache_dir() / "downloads")
     for task in TASKS:
-        directory = workspace / "tasks" / task.name
-        target = directory / task.path
+        directory = workspace / "tasks" / task.id
+        target = directory / task.bug_edit.file
         broken = target.read_text()
         passing = []
-        for index, candidate in enumerate(task.candidates):
+        for index, candidate in enumerate(task.choices):
             target.write_text(apply_edit(broken, task.broken, candidate))
-            command = task.test_command.replace("/workspace", str(workspace))
+            command = task.workspace_test_command.replace("/workspace", str(workspace))
             if (
                 subprocess.run(
                     command, shell=True, cwd=directory, capture_output=True, check=False
@@ -64,22 +64,22 @@ def test_only_the_original_line_passes_each_packages_tests(tmp_path: Path) -> No
                 == 0
             ):
                 passing.append(index)
-        assert passing == [task.correct], task.name
+        assert passing == [task.correct_choice], task.id
 
 
 def test_each_task_is_broken_and_its_own_tests_reward_the_fix(tasks_gateway: str) -> None:
     with Fleet(tasks_gateway) as fleet:
         for task in TASKS:
             with fleet.lease("tasks", labels={"run": "tasks-check"}) as sandbox:
-                path = f"{task.cwd}/{task.path}"
-                run = {"shell": task.test_command, "cwd": task.cwd, "timeout_s": task.timeout_s,
-                       "require_report": True}  # fmt: skip
+                path = task.bug_path
+                run = {"shell": task.workspace_test_command, "cwd": task.tree,
+                       "timeout_s": task.test_timeout_s, "require_report": True}  # fmt: skip
                 broken = sandbox.evaluate(**run)
-                assert (broken.outcome, broken.reward) == (Outcome.FAILED, 0.0), (task.name, broken["exec"])
+                assert (broken.outcome, broken.reward) == (Outcome.FAILED, 0.0), (task.id, broken["exec"])
                 source = sandbox.read_file(path).decode()
                 sandbox.write_file(path, apply_edit(source, task.broken, task.original))
                 fixed = sandbox.evaluate(**run)
-                assert (fixed.outcome, fixed.reward) == (Outcome.PASSED, 1.0), (task.name, fixed["exec"])
+                assert (fixed.outcome, fixed.reward) == (Outcome.PASSED, 1.0), (task.id, fixed["exec"])
                 assert fixed.counts["passed"] >= 1
 
 

@@ -116,7 +116,7 @@ def test_rl_run_prints_the_summary_and_writes_plots(tasks_gateway: str, tmp_path
     assert "episodes by 2 actors" in out
     assert "lease latency: p50" in out
     assert "reward curve (mean per slice):" in out
-    assert f"P(correct edit): {load_tasks()[0].name}" in out  # the default catalogue's tasks
+    assert f"P(correct edit): {load_tasks()[0].id}" in out  # the default catalogue's tasks
     assert "verdict" in out
     for plot in ("reward.svg", "profile.svg"):
         assert ET.parse(plots / plot).getroot().tag == "{http://www.w3.org/2000/svg}svg", plot

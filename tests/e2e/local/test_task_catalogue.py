@@ -49,7 +49,7 @@ def test_mining_a_real_sdist_keeps_only_mutants_its_tests_catch(tmp_path: Path) 
     for task in mined.tasks:
         assert task.fail_to_pass
         assert set(task.fail_to_pass) <= passing
-        assert mined.pass_to_pass(task) == sorted(passing - set(task.fail_to_pass))
+        assert task.pass_to_pass() == sorted(passing - set(task.fail_to_pass))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_the_ci_catalogue_is_verified_in_gvisor(catalogue_gateway: list[str], tm
     for verdict, task in zip(verdicts, expected.tasks, strict=True):
         assert verdict["verified"], verdict
         assert verdict["bug_failing"] == len(task.fail_to_pass)
-        assert verdict["fixed_passing"] == len(task.fail_to_pass) + len(expected.pass_to_pass(task))
+        assert verdict["fixed_passing"] == len(task.fail_to_pass) + len(task.pass_to_pass())
 
 
 @pytest.mark.gvisor
@@ -96,7 +96,7 @@ def test_check_fails_a_task_whose_bug_its_tests_do_not_catch(
     # The same tree, but the task claims a test that passes with the bug: check must refuse it.
     catalogue = parse_catalogue(CI_CATALOGUE.read_text(), str(CI_CATALOGUE))
     task = catalogue.tasks[0]
-    survivor = next(t for t in catalogue.pass_to_pass(task))
+    survivor = next(t for t in task.pass_to_pass())
     lying = catalogue.model_copy(update={"tasks": [task.model_copy(update={"fail_to_pass": [survivor]})]})
     path = tmp_path / "lying.yaml"
     path.write_text(dump_catalogue(lying))

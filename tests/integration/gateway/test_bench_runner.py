@@ -1,8 +1,8 @@
 """bench/run: one command for every benchmark; its JSON, plots and the generated section of the report.
 
 The short mode of the benchmarks that have no CI test of their own (the scale run with its 100
-gateway clients, the RL loop) runs here through the runner; the others' short modes run in their
-own suites (tests/e2e/local, tests/integration/*/test_benchmarks.py).
+gateway clients, the RL loop, the reward attacks) runs here through the runner; the others' short
+modes run in their own suites (tests/e2e/local, tests/integration/*/test_benchmarks.py).
 """
 
 from __future__ import annotations
@@ -207,16 +207,23 @@ def test_the_scale_run_counts_a_sandbox_held_by_two_leases_at_once() -> None:
 
 
 def test_short_mode_through_the_runner(tmp_path: Path) -> None:
-    result = run_bench("--short", "--only", "operator_scale,rl_loop", "--out", str(tmp_path), "--no-docs")
+    only = "operator_scale,rl_loop,reward_attacks"
+    result = run_bench("--short", "--only", only, "--out", str(tmp_path), "--no-docs")
     assert result.returncode == 0, result.stderr[-4000:]
     assert "rl_loop: ok" in result.stderr  # progress is printed as it goes
     assert "operator_scale: ok" in result.stderr
+    assert "reward_attacks: ok" in result.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["mode"] == "short"
     # 400 sandboxes say nothing about the 10,000 target: not counted as met.
     scale_row = next(row for row in results["targets"] if row["field"] == "operator_rss_peak_mb")
     assert scale_row["met"] is None
     assert results["machine"]["nproc"] >= 1
+    # The short attack set: under a test command's own report some pay, under the named tests none.
+    (attacks,) = results["benchmarks"]["reward_attacks"]["runs"]
+    assert attacks["attacks_paid_before"] > 0
+    assert attacks["attacks_paid_after"] == 0
+    assert attacks["score_seconds"]["task"]["p50_s"] > 0
     scale = results["benchmarks"]["operator_scale"]["runs"][0]
     assert scale["sandboxes"] == 400
     assert 0 < scale["operator_rss_mb"] <= scale["operator_rss_peak_mb"]

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandfleet.client import Evaluation, Lease, NotFound, SpanReport
-from sandfleet.rl.tasks import Task, load_tasks
+from sandfleet.rl.tasks import load_tasks
+from sandfleet.tasks.catalogue import Task
 
 
 @dataclass
@@ -35,8 +36,8 @@ class FakeSandbox:
         self.bodies.append(body)
         if self.scripted:
             return Evaluation.of(self.scripted.pop(0))
-        (task,) = [t for t in self.tasks if t.name == self.lease.labels["task"]]
-        fixed = task.original in self.files[f"{task.cwd}/{task.path}"]
+        (task,) = [t for t in self.tasks if t.id == self.lease.labels["task"]]
+        fixed = task.original in self.files[task.bug_path]
         return Evaluation.of({"outcome": "passed" if fixed else "failed", "reward": float(fixed)})
 
 
@@ -88,7 +89,7 @@ class FakeFleet:
         if self.lease_failures:
             raise self.lease_failures.pop(0)
         lease = self.grant(dict(options.get("labels") or {}), options.get("policy_version"))
-        files = {f"{t.cwd}/{t.path}": f"head\n{t.broken}\ntail\n" for t in self.tasks}
+        files = {t.bug_path: f"head\n{t.broken}\ntail\n" for t in self.tasks}
         try:
             yield FakeSandbox(lease, files, self.tasks, self.evaluate_seconds, self.outcomes, self.evaluated)
         finally:
@@ -106,7 +107,7 @@ class FakeFleet:
             self.grant(dict(options.get("labels") or {}), options.get("policy_version"))
             for _ in range(min(count, self.batch_limit))
         ]
-        files = {f"{t.cwd}/{t.path}": f"head\n{t.broken}\ntail\n" for t in self.tasks}
+        files = {t.bug_path: f"head\n{t.broken}\ntail\n" for t in self.tasks}
         try:
             yield [
                 FakeSandbox(

@@ -1,4 +1,4 @@
-"""The RL loop's tasks from a catalogue: each edit bug becomes a task whose candidates hold the original."""
+"""The RL loop's tasks are a catalogue's own, checked: sdist sources, edit bugs, the original a choice."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pytest
 
 from sandfleet.rl.tasks import (
     DEFAULT_CATALOGUE,
-    TaskBuildError,
     apply_edit,
     from_catalogue,
     image_name,
     load_tasks,
+    sdist_of,
 )
 from sandfleet.tasks.catalogue import parse_catalogue
+from sandfleet.tasks.fetching import TaskBuildError
 from tests.unit.tasks.test_catalogue import VALID
 
 REPO = Path(__file__).resolve().parents[3]
@@ -24,19 +25,16 @@ def test_a_catalogues_tasks_become_loop_tasks(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(VALID)
     (task,) = from_catalogue(path)
-    assert task.name == "demo-1.0-one"
-    assert task.directory == "demo-1.0"
-    assert task.sdist == "demo==1.0"
-    assert task.candidates[task.correct] == "x < 1"
+    assert task == parse_catalogue(VALID, str(path)).tasks[0]  # the catalogue's own task
+    assert sdist_of(task) == ("demo==1.0", "demo-1.0")
+    assert task.choices[task.correct_choice] == "x < 1"
     assert apply_edit("if x >= 1:", task.broken, task.original) == "if x < 1:"
-    assert task.test_command.endswith("python3 -m pytest -q -p no:cacheprovider")
-    assert task.cwd == "/workspace/tasks/demo-1.0-one"
 
 
 def test_the_shipped_catalogue_is_loop_ready() -> None:
     tasks = from_catalogue(REPO / "tasks" / "catalogue.yaml")
-    assert len({t.name for t in tasks}) == len(tasks)
-    assert all(t.candidates[t.correct] == t.original and t.broken in t.candidates for t in tasks)
+    assert len({t.id for t in tasks}) == len(tasks)
+    assert all(t.choices[t.correct_choice] == t.original and t.broken in t.choices for t in tasks)
 
 
 def test_a_bad_catalogue_or_id_is_one_clear_error(tmp_path: Path) -> None:
@@ -49,12 +47,33 @@ def test_a_bad_catalogue_or_id_is_one_clear_error(tmp_path: Path) -> None:
         from_catalogue(path, ["nope"])
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        ("sdist: demo==1.0", "dir: demo", "the RL loop takes sdist sources with an edit bug"),
+        (
+            "fail_to_pass: [t::a]",
+            "fail_to_pass: [t::a]\n    candidates: [x > 1, x >= 1]",
+            "include the original",
+        ),
+        ("tests_passing:", "test_command: make test\n    tests_passing:", "must run pytest"),
+    ],
+)
+def test_a_task_the_loop_cannot_run_is_refused_by_name(
+    tmp_path: Path, old: str, new: str, words: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(VALID.replace(old, new))
+    with pytest.raises(TaskBuildError, match=f"task demo-1.0-one: .*{words}"):
+        from_catalogue(path)
+
+
 def test_the_default_tasks_are_the_ci_catalogues() -> None:
     tasks = load_tasks()
     expected = parse_catalogue(DEFAULT_CATALOGUE.read_text(), str(DEFAULT_CATALOGUE))
     assert DEFAULT_CATALOGUE == REPO / "tasks" / "ci.yaml"
-    assert [t.name for t in tasks] == [t.id for t in expected.tasks]
-    assert all(t.candidates[t.correct] == t.original and t.broken in t.candidates for t in tasks)
+    assert [t.id for t in tasks] == [t.id for t in expected.tasks]
+    assert all(t.choices[t.correct_choice] == t.original and t.broken in t.choices for t in tasks)
     assert image_name(DEFAULT_CATALOGUE) == "tasks-ci"  # the image `task check` verifies in CI
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -53,7 +52,7 @@ async def test_stopping_the_learner_drains_refuses_and_publishes_the_last_versio
     learner = Learner(as_fleet(fake), config, LoopStats())
     await learner.start()
     for _ in range(3):
-        learner.submit(Trajectory(TASK.name, TASK.correct, -0.693, 1.0, 0, "a"))
+        learner.submit(Trajectory(TASK.id, TASK.correct_choice, -0.693, 1.0, 0, "a"))
     stop = asyncio.Event()
     running = asyncio.create_task(learner.run(stop))
     await asyncio.sleep(0.05)
@@ -63,14 +62,14 @@ async def test_stopping_the_learner_drains_refuses_and_publishes_the_last_versio
     assert learner.weights().version == 1 == fake.published[-1]
     assert learner.summary()["received"] == 3
     with pytest.raises(LearnerClosed, match="shutting down"):
-        learner.submit(Trajectory(TASK.name, TASK.correct, -0.693, 1.0, 0, "a"))
+        learner.submit(Trajectory(TASK.id, TASK.correct_choice, -0.693, 1.0, 0, "a"))
 
 
 async def test_a_full_inbox_pushes_back() -> None:
     learner = Learner(as_fleet(FakeFleet()), LoopConfig(), LoopStats(), inbox_limit=1)
-    learner.submit(Trajectory(TASK.name, 0, -1.0, 0.0, 0))
+    learner.submit(Trajectory(TASK.id, 0, -1.0, 0.0, 0))
     with pytest.raises(LearnerClosed, match="full"):
-        learner.submit(Trajectory(TASK.name, 0, -1.0, 0.0, 0))
+        learner.submit(Trajectory(TASK.id, 0, -1.0, 0.0, 0))
 
 
 async def test_an_episode_rewards_the_fix_and_labels_its_lease_with_the_actor() -> None:
@@ -86,7 +85,7 @@ async def test_an_episode_rewards_the_fix_and_labels_its_lease_with_the_actor() 
         trajectory = await actor.episode(task, f"e{index}")
         assert trajectory is not None  # the fake fleet never fails an episode unless told to
         rewards.add(trajectory.reward)
-        assert trajectory.reward == float(task.candidates[trajectory.action] == task.original)
+        assert trajectory.reward == float(task.choices[trajectory.action] == task.original)
     assert rewards == {0.0, 1.0}
     assert learner.received == stats.episodes == 20
 
@@ -143,19 +142,16 @@ async def test_an_infra_error_is_masked_and_a_time_out_is_a_counted_zero() -> No
 
 
 async def test_an_episode_is_scored_by_its_tasks_deciding_tests_and_never_sees_the_hidden_ones() -> None:
-    scoring = {
-        "tree": TASK.cwd,
-        "deciding": ["t::a"],
-        "files": {"tests/test_hidden.py": "def test_x(): pass\n"},
-    }
-    task = replace(TASK, scoring=scoring)
+    hidden = {"tests/test_hidden.py": "def test_x(): pass\n"}
+    task = TASK.model_copy(update={"hidden_tests": hidden})
     fake = FakeFleet(tasks=[task])
     config = LoopConfig(run="r", think_seconds=0.0, tasks=(task,))
     learner = Learner(as_fleet(fake), config, LoopStats())
     await learner.start()
     await Actor("a0", as_fleet(fake), config, LocalLink(learner), LoopStats()).episode(task, "e0")
     (body,) = fake.evaluated
-    assert body == {"task": scoring}  # the hidden tests travel only in it, to the scoring tree
+    assert body == {"task": task.scoring()}
+    assert body["task"]["files"] == hidden  # the hidden tests travel only in it, to the scoring tree
 
 
 async def test_a_fleet_failure_before_scoring_counts_as_infra_and_a_refusal_as_an_error() -> None:
@@ -191,10 +187,10 @@ async def test_a_step_runs_its_episodes_on_one_batch_and_sends_each_trajectory()
     actor = Actor("a0", as_fleet(fake), config, LocalLink(learner), stats)
     trajectories = await actor.step(TASK, "a0-0")
     assert len(trajectories) == 3  # as many episodes as the batch had sandboxes
-    assert all(t is not None and t.task == TASK.name for t in trajectories)
+    assert all(t is not None and t.task == TASK.id for t in trajectories)
     (asked,) = fake.batches
     assert (asked["count"], asked["min_count"], asked["wait_seconds"]) == (4, 1, 2.5)
-    assert asked["labels"] == {"run": "r", "episode": "a0-0", "task": TASK.name, "actor": "a0"}
+    assert asked["labels"] == {"run": "r", "episode": "a0-0", "task": TASK.id, "actor": "a0"}
     assert learner.received == stats.episodes == 3
     assert len(fake.released) == 3
     assert not fake.live

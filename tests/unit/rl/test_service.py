@@ -32,7 +32,7 @@ def client_for(learner: Learner, retries: int = 0) -> LearnerClient:
 
 
 def right(version: int = 0) -> Trajectory:
-    return Trajectory(TASK.name, TASK.correct, -0.693, 1.0, version, "a0")
+    return Trajectory(TASK.id, TASK.correct_choice, -0.693, 1.0, version, "a0")
 
 
 async def test_trajectories_in_weights_out(learner: Learner) -> None:
@@ -51,7 +51,10 @@ async def test_trajectories_in_weights_out(learner: Learner) -> None:
         newer = await link.weights()
         assert newer.version == 1
         assert link.fetches == 2
-        assert newer.probabilities(TASK.name)[TASK.correct] > first.probabilities(TASK.name)[TASK.correct]
+        assert (
+            newer.probabilities(TASK.id)[TASK.correct_choice]
+            > first.probabilities(TASK.id)[TASK.correct_choice]
+        )
         stats = await link.stats()
         assert stats["received"] == 2
         assert stats["by_actor"] == {"a0": 2}
@@ -65,7 +68,7 @@ async def test_bad_trajectories_are_422(learner: Learner) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://learner") as http:
         good = right().to_json()
         for bad in (
-            {**good, "action": len(TASK.candidates)},
+            {**good, "action": len(TASK.choices)},
             {**good, "task": "nope"},
             {**good, "behaviour_logp": 0.5},
         ):
@@ -88,7 +91,7 @@ async def test_a_stopping_learner_answers_503_and_the_client_says_so(learner: Le
 
 async def test_the_client_retries_a_learner_that_is_not_up_yet() -> None:
     calls = 0
-    weights = SoftmaxPolicy({TASK.name: len(TASK.candidates)})
+    weights = SoftmaxPolicy({TASK.id: len(TASK.choices)})
 
     def handler(request: httpx.Request) -> httpx.Response:
         nonlocal calls

@@ -19,6 +19,7 @@ from sandfleet.tasks.catalogue import (
     dump_catalogue,
     parse_catalogue,
     schema_text,
+    suite_pythonpath,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,11 +41,77 @@ tasks:
 def test_a_valid_catalogue_loads_and_derives_pass_to_pass_and_the_fix() -> None:
     catalogue = parse_catalogue(VALID, "c.yaml")
     (task,) = catalogue.tasks
-    assert catalogue.pass_to_pass(task) == ["t::b", "t::c"]
+    assert task.source_entry is catalogue.sources["demo-1.0"]
+    assert task.pass_to_pass() == ["t::b", "t::c"]
+    assert task.deciding() == ["t::a", "t::b", "t::c"]
     fix = task.fix_edit()
     assert fix is not None
     assert fix.apply("if x >= 1:") == "if x < 1:"
     assert catalogue.sources["demo-1.0"].directory == "demo-1.0"
+
+
+def test_a_catalogues_task_knows_its_tree_its_choices_and_its_commands() -> None:
+    (task,) = parse_catalogue(VALID, "c.yaml").tasks
+    assert (task.original, task.broken) == ("x < 1", "x >= 1")
+    assert task.tree == "/workspace/tasks/demo-1.0-one"
+    assert task.bug_path == "/workspace/tasks/demo-1.0-one/demo.py"
+    assert task.choices == ("x < 1", "x >= 1")  # no candidates: the original and the bug's text
+    assert task.correct_choice == 0
+    assert task.test_timeout_s == 120.0
+    assert task.workspace_test_command == (
+        "PYTHONPATH=/workspace/.deps:.:/workspace/.requires/demo-1.0 python3 -m pytest -q -p no:cacheprovider"
+    )
+    scoring = task.scoring()
+    assert (scoring["tree"], scoring["deciding"], scoring["timeout_s"]) == (task.tree, task.deciding(), 120.0)
+    given = VALID + "    candidates: [x > 1, x >= 1, x < 1]\n    timeouts: {test_s: 30}\n"
+    (chosen,) = parse_catalogue(given, "c.yaml").tasks
+    assert (chosen.choices, chosen.correct_choice, chosen.test_timeout_s) == (
+        ("x > 1", "x >= 1", "x < 1"),
+        2,
+        30.0,
+    )
+
+
+def test_a_directory_source_has_no_requires_path() -> None:
+    (task,) = parse_catalogue(VALID.replace("sdist: demo==1.0", "dir: demo"), "c.yaml").tasks
+    assert task.workspace_test_command.startswith("PYTHONPATH=/workspace/.deps:. python3")
+    assert task.scoring()["pythonpath"] == ["/opt/sandfleet/pristine/workspace/.deps", "."]
+
+
+def test_a_patch_bug_has_no_edit_to_choose_from() -> None:
+    text = VALID.replace('edit: {file: demo.py, find: "x < 1", replace: "x >= 1"}', "patch: some diff")
+    (task,) = parse_catalogue(text + "    fix: {patch: other diff}\n", "c.yaml").tasks
+    with pytest.raises(ValueError, match=r"task demo-1\.0-one: its bug is a patch, not an edit"):
+        task.choices  # noqa: B018
+    assert task.deciding() == ["t::a", "t::b", "t::c"]  # it is still scored by its tests
+
+
+def test_a_task_outside_a_catalogue_says_how_to_bind_it() -> None:
+    (task,) = parse_catalogue(VALID, "c.yaml").tasks
+    unbound = Task.model_validate(task.model_dump())
+    with pytest.raises(
+        RuntimeError, match=r"task demo-1\.0-one is not bound to its source: use the tasks of a Catalogue"
+    ):
+        unbound.scoring()
+    assert (unbound.original, unbound.tree) == (task.original, task.tree)  # what needs no source still works
+
+
+def test_each_catalogue_binds_its_own_copy_of_a_task_given_to_it() -> None:
+    (task,) = parse_catalogue(VALID, "c.yaml").tasks
+    one, other = Source(sdist="demo==1.0"), Source(sdist="demo==1.0", tests_passing=["t::a", "t::z"])
+    first = Catalogue(sources={"demo-1.0": one}, tasks=[task])
+    second = Catalogue(sources={"demo-1.0": other}, tasks=[task])
+    assert first.tasks[0].source_entry is one
+    assert second.tasks[0].source_entry is other
+    assert second.tasks[0].pass_to_pass() == ["t::z"]
+    assert task.pass_to_pass() == ["t::b", "t::c"]  # the task given is left as it was
+
+
+def test_a_trees_dependencies_come_after_the_tree_so_none_shadows_it() -> None:
+    assert suite_pythonpath("/workspace/.deps", "/workspace/.requires/isodate-0.6.1") == (
+        "/workspace/.deps:.:/workspace/.requires/isodate-0.6.1"
+    )
+    assert suite_pythonpath("/deps", None) == "/deps:."
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,7 @@ from sandfleet.client import Evaluation
 from sandfleet.tasks.catalogue import parse_catalogue
 from tests.unit.tasks.test_catalogue import VALID
 
-CATALOGUE = parse_catalogue(VALID, "c.yaml")
-TASK = CATALOGUE.tasks[0]
+TASK = parse_catalogue(VALID, "c.yaml").tasks[0]
 CWD = "/workspace/tasks/demo-1.0-one"
 
 
@@ -56,13 +55,13 @@ class ScriptedFleet:
 
 def test_a_sound_task_is_verified_with_two_evaluations_scored_as_episodes_are() -> None:
     sandbox = ScriptedSandbox()
-    check = asyncio.run(_check_one(ScriptedFleet(sandbox), CATALOGUE, TASK, "p", 5.0))  # type: ignore[arg-type]
+    check = asyncio.run(_check_one(ScriptedFleet(sandbox), TASK, "p", 5.0))  # type: ignore[arg-type]
     assert check.verified, check.problems
     assert (check.bug_failing, check.fixed_passing) == (1, 3)
     assert sandbox.files[f"{CWD}/demo.py"] == b"if x < 1:\n    pass\n"
     # The very object the loop sends: the catalogue's scoring, its deciding tests, from the pristine copy.
-    assert sandbox.bodies == [{"task": CATALOGUE.scoring(TASK)}] * 2
-    scoring = CATALOGUE.scoring(TASK)
+    assert sandbox.bodies == [{"task": TASK.scoring()}] * 2
+    scoring = TASK.scoring()
     assert scoring["tree"] == CWD
     assert scoring["pristine"] == "/opt/sandfleet/pristine/workspace/tasks/demo-1.0-one"
     assert scoring["pythonpath"] == [
@@ -75,6 +74,6 @@ def test_a_sound_task_is_verified_with_two_evaluations_scored_as_episodes_are() 
 
 def test_a_fix_that_breaks_a_pass_to_pass_test_is_not_verified() -> None:
     sandbox = ScriptedSandbox(fixed_breaks="t::c")
-    check = asyncio.run(_check_one(ScriptedFleet(sandbox), CATALOGUE, TASK, "p", 5.0))  # type: ignore[arg-type]
+    check = asyncio.run(_check_one(ScriptedFleet(sandbox), TASK, "p", 5.0))  # type: ignore[arg-type]
     assert not check.verified
     assert any("t::c" in p for p in check.problems)

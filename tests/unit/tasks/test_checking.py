@@ -6,15 +6,13 @@ from sandfleet.tasks.catalogue import parse_catalogue
 from sandfleet.tasks.checking import (
     TaskCheck,
     bug_problems,
-    expected_passing,
     outcomes,
     passing_problems,
     summary,
 )
 from tests.unit.tasks.test_catalogue import VALID
 
-CATALOGUE = parse_catalogue(VALID, "c.yaml")
-TASK = CATALOGUE.tasks[0]
+TASK = parse_catalogue(VALID, "c.yaml").tasks[0]
 
 
 def test_the_bug_must_score_zero_and_fail_its_tests() -> None:
@@ -27,7 +25,7 @@ def test_the_bug_must_score_zero_and_fail_its_tests() -> None:
 
 
 def test_the_fix_must_score_one_and_pass_fail_to_pass_and_pass_to_pass() -> None:
-    expected = expected_passing(CATALOGUE, TASK)
+    expected = TASK.deciding()
     assert expected == ["t::a", "t::b", "t::c"]
     all_pass = dict.fromkeys(expected, "passed")
     assert passing_problems("fixed", 1.0, all_pass, expected) == []

@@ -15,7 +15,6 @@ from sandfleet.tasks.mining import (
     read_junit,
     runtime_wheels,
     source_files,
-    suite_pythonpath,
 )
 from sandfleet.tasks.mutations import Mutant, mutants
 
@@ -95,13 +94,6 @@ def test_source_files_skip_tests_docs_and_build_scripts(tmp_path: Path) -> None:
         (tmp_path / name).write_text("x = 1\n")
     found = [p.relative_to(tmp_path).as_posix() for p in source_files(tmp_path)]
     assert found == ["pkg/__init__.py", "pkg/core.py", "single.py"]
-
-
-def test_a_trees_dependencies_come_after_the_tree_so_none_shadows_it() -> None:
-    assert suite_pythonpath("/workspace/.deps", "/workspace/.requires/isodate-0.6.1") == (
-        "/workspace/.deps:.:/workspace/.requires/isodate-0.6.1"
-    )
-    assert suite_pythonpath("/deps", None) == "/deps:."
 
 
 def test_pinned_dependencies_are_found_offline_under_any_spelling(tmp_path: Path) -> None:
