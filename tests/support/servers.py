@@ -75,18 +75,46 @@ def start_local_serve(
 
 
 def stop_local_serve(process: subprocess.Popen[bytes], log: Path) -> None:
-    """SIGTERM, and a clean exit: uvicorn shuts down gracefully, then re-raises the signal."""
+    """SIGTERM, and a clean exit that leaves none of its gVisor sandboxes behind.
+
+    uvicorn shuts down gracefully, then re-raises the signal. Only this serve's own sandboxes are
+    counted (those under its runtime instance), so another serve on the host cannot fail it.
+    """
+    instance = serve_instance(process.pid) if process.poll() is None else None
     process.terminate()
     assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
+    if instance is not None:
+        left = runsc_sandboxes(instance)
+        assert left == 0, f"serve left {left} gVisor sandboxes of its instance {instance} behind"
 
 
-def runsc_sandboxes() -> int:
-    """gVisor sandbox processes on this host (leaks show as processes, not in `runsc list`)."""
+def serve_instance(pid: int) -> str | None:
+    """The local runtime instance a running serve owns: it holds instances/<id>/lock open (a flock)."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = Path(os.readlink(fd))
+        except OSError:
+            continue
+        if target.name == "lock" and target.parent.parent.name == "instances":
+            return target.parent.name
+    return None
+
+
+def runsc_sandboxes(instance: str | None = None) -> int:
+    """gVisor sandbox processes on this host, or only those of one runtime instance.
+
+    Leaks show as processes, not in `runsc list`; an instance's sandboxes run with its runsc root,
+    `--root=<state>/instances/<id>/runsc`.
+    """
+    marker = f"/instances/{instance}/runsc " if instance is not None else ""
     count = 0
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"runsc-sandbox"):
-                count += 1
+            if not proc.name.isdigit():
+                continue
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        if command.startswith("runsc-sandbox") and marker in command:
+            count += 1
     return count

@@ -16,7 +16,7 @@ from sandfleet.client import AsyncFleet, Fleet, Outcome, PolicyConflict
 from sandfleet.local.tools import ImageRef
 from sandfleet.rl.loop import LoopConfig, run_loop
 from sandfleet.rl.tasks import apply_edit, cache_dir, load_tasks, prepare_workspace
-from tests.support.servers import free_port, runsc_sandboxes, wait_until_ready
+from tests.support.servers import free_port, stop_local_serve, wait_until_ready
 
 pytestmark = pytest.mark.gvisor
 TASKS = load_tasks()  # the default catalogue's (tasks/ci.yaml): what `serve --local --tasks` serves
@@ -28,7 +28,6 @@ def tasks_gateway(
 ) -> Iterator[str]:
     """`sandfleet serve --local --tasks`: the default catalogue's image (sdists from PyPI, cached) warm."""
     tmp = tmp_path_factory.mktemp("rl")
-    before = runsc_sandboxes()
     port = free_port()
     log = tmp / "serve.log"
     with log.open("wb") as out:
@@ -41,9 +40,7 @@ def tasks_gateway(
 
     wait_until_ready(url, process, log, timeout=600, what="serve --tasks to have a warm sandbox")
     yield url
-    process.terminate()
-    assert process.wait(timeout=60) in (0, -15), log.read_text()[-3000:]
-    assert runsc_sandboxes() == before, "serve left gVisor sandboxes behind"
+    stop_local_serve(process, log)  # and none of its sandboxes left
 
 
 def test_only_the_original_line_passes_each_packages_tests(tmp_path: Path) -> None:

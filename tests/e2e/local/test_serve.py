@@ -11,7 +11,7 @@ import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, LeaseEnded
 from sandfleet.local.tools import ImageRef
-from tests.support.servers import runsc_sandboxes, start_local_serve, stop_local_serve
+from tests.support.servers import runsc_sandboxes, serve_instance, start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
 
@@ -20,12 +20,12 @@ pytestmark = pytest.mark.gvisor
 def gateway(runsc: Path, base_image: ImageRef, tmp_path: Path) -> Iterator[str]:
     """A real `sandfleet serve --local` process with 2 warm sandboxes; stopped (and its sandboxes
     destroyed) after the test."""
-    sandboxes_before = runsc_sandboxes()
     url, process, log = start_local_serve(tmp_path)
-    assert runsc_sandboxes() > sandboxes_before
+    instance = serve_instance(process.pid)
+    assert instance is not None, "serve holds no runtime instance's lock"
+    assert runsc_sandboxes(instance) > 0
     yield url
-    stop_local_serve(process, log)
-    assert runsc_sandboxes() == sandboxes_before, "serve left gVisor sandboxes behind"
+    stop_local_serve(process, log)  # and none of its sandboxes left
 
 
 def test_lease_exec_files_release_in_gvisor(gateway: str) -> None:
