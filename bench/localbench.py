@@ -18,7 +18,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
-from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc  # noqa: E402
+from sandfleet.local.artifacts import ImageRef, ensure_base_image, ensure_runsc  # noqa: E402
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandfleet.client import FRESH_KEY_HEADER
+from sandfleet.wire import FRESH_KEY_HEADER
 
 CLIENT_PROCESSES = 3
 # As sandfleet.client sends a key it made itself: the first try says it is new.

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sandfleet.kube.client import KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.config import api_client, load_configuration
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import Informer

@@ -27,7 +27,7 @@ from localbench import REPO, log, percentile, serving_tasks
 sys.path.insert(0, str(REPO))
 
 from sandfleet.client import Fleet, Sandbox
-from sandfleet.rl.tasks import apply_edit, load_tasks
+from sandfleet.rl.catalogue_tasks import apply_edit, load_tasks
 from sandfleet.tasks.catalogue import Task
 from tests.support.reward_attacks import ATTACKS, Attack, script
 

@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
 from sandfleet.core.profile import percentile  # noqa: E402
+from sandfleet.rl.catalogue_tasks import load_tasks  # noqa: E402
 from sandfleet.rl.policy import SoftmaxPolicy, Trajectory  # noqa: E402
-from sandfleet.rl.tasks import load_tasks  # noqa: E402
 from sandfleet.rl.torch_policy import TorchUnavailable, load_torch, make_policy, resolve_device  # noqa: E402
 
 # The learner's defaults (sandfleet rl learner): the bound the gateway enforces, step size, clip.

@@ -10,7 +10,6 @@ manifest digest. Run through `sandbox_image/build`; needs root.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -444,14 +443,6 @@ def configure(image: str) -> None:
     )
 
 
-def build_task(mirror: str, name: str, workspace: Path, setup: str | None) -> BuiltImage:
-    """A task image from a directory: `task_image.build_task_image`, the one implementation."""
-    import task_image
-
-    source = task_image.TaskSource.directory(workspace)
-    return task_image.build_task_image(name, source, setup=setup, mirror=mirror)
-
-
 def prune(mirror: str) -> list[str]:
     """Remove cached images (and their unpacked rootfs) other than the current base image.
 
@@ -482,58 +473,3 @@ def _mounted(directory: Path) -> bool:
     """Whether a running local runtime shares this rootfs (a bind mount whose source is inside it)."""
     with open("/proc/self/mountinfo") as mountinfo:
         return any(line.split()[3].startswith(str(directory)) for line in mountinfo)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Read the command line."""
-    import task_image
-
-    parser = argparse.ArgumentParser(prog="sandbox_image/build", description=__doc__)
-    parser.add_argument("--mirror", default=os.environ.get("SANDFLEET_DEBIAN_MIRROR", DEFAULT_MIRROR))
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("base", help="the base image (the default)")
-    sub.add_parser("prune", help="remove cached images and rootfs other than the current base")
-    task_image.add_task_arguments(sub.add_parser("task", help="a task image on top of the base"))
-    return parser.parse_args(argv)
-
-
-def _build_base_from_args(args: argparse.Namespace) -> BuiltImage:
-    return build_base(args.mirror)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Build and print the digest (and, with --json, the whole result)."""
-    import task_image
-
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if os.geteuid() != 0:
-        print("image: building needs root (mmdebstrap --mode=root, umoci unpack)", file=sys.stderr)
-        return 2
-    try:
-        with build_lock():
-            if args.command == "prune":
-                for name in prune(args.mirror):
-                    progress(f"removed {name}")
-                return 0
-            build = task_image.build_from_args if args.command == "task" else _build_base_from_args
-            image = build(args)
-    except BuildError as error:
-        print(f"image: {error}", file=sys.stderr)
-        return 1
-    progress(f"digest {image.digest} ({image.layout}:{image.tag})")
-    if image.log is not None:
-        progress(f"set-up log: {image.log}")
-    if args.json:
-        print(json.dumps(image.to_json()))
-    else:
-        print(image.digest)
-    return 0
-
-
-if __name__ == "__main__":
-    # Through the imported module, never this __main__ copy: task_image imports image_builder, and
-    # two copies would hold two build locks (and wait on each other) and two lock depths.
-    import image_builder
-
-    sys.exit(image_builder.main())

@@ -20,12 +20,16 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from sandfleet.wire import BAD_PATCH, FRESH_KEY_HEADER, FROM_SANDBOX, VERIFIER_CANNOT_RUN
+
+# Re-exported: callers read `Evaluation.outcome` as `sandfleet.client.Outcome`.
+from sandfleet.wire import Outcome as Outcome
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -178,15 +182,6 @@ class ExecResult:
         )
 
 
-class Outcome(StrEnum):
-    """How an evaluation ended; a trainer masks INFRA_ERROR episodes rather than learn from their zero."""
-
-    PASSED = "passed"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    INFRA_ERROR = "infra_error"
-
-
 @dataclass(frozen=True)
 class Evaluation(Mapping[str, Any]):
     """An evaluation's result: typed fields, and the response itself (`result["exec"]` still works).
@@ -227,7 +222,7 @@ class Evaluation(Mapping[str, Any]):
     @classmethod
     def of_error(cls, error: SandfleetError) -> Evaluation | None:
         """The evaluation an error amounts to, or None when it is the caller's to fix."""
-        if error.code == "bad_patch":
+        if error.code == BAD_PATCH:
             outcome = Outcome.FAILED  # the episode's patch: scored, not masked
         elif error.infrastructure or error.code in VERIFIER_CANNOT_RUN:
             outcome = Outcome.INFRA_ERROR
@@ -244,17 +239,6 @@ class Evaluation(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.raw)
-
-
-# Agent codes that mean the verifier itself could not be run: the task or sandbox, not the episode.
-VERIFIER_CANNOT_RUN = frozenset(
-    {"no_test_command", "command_not_found", "command_not_executable", "verifier_dir_unwritable"}
-)
-
-
-# Sent on the first try of an acquire whose idempotency key the client made (the gateway's
-# routes/leases.py reads it): a key never sent before has no earlier attempt to read back.
-FRESH_KEY_HEADER = "sandfleet-fresh-key"
 
 
 @dataclass(frozen=True)
@@ -281,7 +265,7 @@ def error_for(status: int, body: object) -> SandfleetError:
     """
     problem = body if isinstance(body, dict) else {}
     error = problem.get("error")
-    from_sandbox = problem.get("source") == "sandbox" or isinstance(error, dict)
+    from_sandbox = problem.get("source") == FROM_SANDBOX or isinstance(error, dict)
     if isinstance(error, dict):
         code, detail = error.get("code"), error.get("message")
     else:
@@ -645,6 +629,7 @@ class AsyncSandbox:
     async def evaluate(self, /, **body: Any) -> Evaluation:
         """Apply `patch`, run the tests (`argv`/`shell`, else tests/test.sh); errors raise.
 
+        The body's fields are `sandfleet.wire.EvaluateRequest`'s (a `task` scores by its own tests).
         Pass `require_report=True` when the tests write a JUnit report: without one the outcome is
         INFRA_ERROR rather than a zero reward.
         """

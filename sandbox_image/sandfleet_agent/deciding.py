@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sandfleet_agent import wire
+
 # Files that change how tests are found, configured or run, wherever they are in the tree.
 CONFIG_NAMES = frozenset(
     {
@@ -229,7 +231,7 @@ def decide(
 ) -> Decision:
     """The named-tests rule over one run (see the module's docstring)."""
     if timed_out:
-        return Decision("timed_out", 0.0, "the tests ran past their timeout and were killed", (), False)
+        return Decision(wire.TIMED_OUT, 0.0, "the tests ran past their timeout and were killed", (), False)
     not_passing = tuple(
         (name, stream.tests[name].outcome if name in stream.tests else "not run")
         for name in deciding
@@ -240,11 +242,11 @@ def decide(
         found.append(f"the runner exited {exit_code} after pytest finished with {stream.exit_status}")
     if found:
         shown = "; ".join(found[:5]) + (f" (and {len(found) - 5} more)" if len(found) > 5 else "")
-        return Decision("failed", 0.0, f"tampering with the test run: {shown}", not_passing, False)
+        return Decision(wire.FAILED, 0.0, f"tampering with the test run: {shown}", not_passing, False)
     if not stream.ended:
         how = f"signal {signal}" if signal is not None else f"exit {exit_code}"
         return Decision(
-            "failed",
+            wire.FAILED,
             0.0,
             f"the test run ended before pytest finished ({how}): an early exit, a kill or a crash",
             not_passing,
@@ -255,13 +257,13 @@ def decide(
         more = f" and {len(not_passing) - 3} more" if len(not_passing) > 3 else ""
         missing = all(what == "not run" for _, what in not_passing)
         return Decision(
-            "failed",
+            wire.FAILED,
             0.0,
             f"{len(not_passing)} of {len(deciding)} deciding tests did not pass: {shown}{more}",
             not_passing,
             missing,
         )
-    return Decision("passed", 1.0, None, (), False)
+    return Decision(wire.PASSED, 1.0, None, (), False)
 
 
 def harness_works(stream: Stream, deciding: Sequence[str]) -> bool:
@@ -271,7 +273,7 @@ def harness_works(stream: Stream, deciding: Sequence[str]) -> bool:
 
 def counts(stream: Stream) -> dict[str, int]:
     """Per-test counts as pytest's summary gives them, from the stream."""
-    tally = dict.fromkeys(("passed", "failed", "error", "skipped", "xfailed"), 0)
+    tally = dict.fromkeys(wire.COUNT_KEYS, 0)
     for phases in stream.tests.values():
         outcome = phases.outcome
         if outcome == "xpassed":

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
-from sandfleet_agent import scoring
+from sandfleet_agent import scoring, wire
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.params import optional_bool, optional_str
 from sandfleet_agent.paths import Workspace
@@ -49,7 +49,6 @@ MAX_JUNIT_BYTES = 64 << 20
 _NOT_REGULAR = b"\x00"
 # Exit statuses a shell gives when the command itself could not be run (not found, not executable).
 CANNOT_RUN = {126: "not executable", 127: "not found"}
-COUNT_KEYS = ("passed", "failed", "error", "skipped", "xfailed")
 
 
 @dataclass(frozen=True)
@@ -186,13 +185,14 @@ def outcome_of(
     no reward) or a required JUnit report is missing or unreadable: `infra_error`; the tests ran
     past their timeout: `timed_out`; a reward of at least 1: `passed`; anything else: `failed`.
     """
-    if reward_source == "exit_code" and exit_code in CANNOT_RUN:
-        return "infra_error", f"the test command could not be run (exit {exit_code}: {CANNOT_RUN[exit_code]})"
+    if reward_source == wire.EXIT_CODE and exit_code in CANNOT_RUN:
+        why = f"the test command could not be run (exit {exit_code}: {CANNOT_RUN[exit_code]})"
+        return wire.INFRA_ERROR, why
     if report_required and not report_found:
-        return "infra_error", "the verifier wrote no readable JUnit report, and one was required"
+        return wire.INFRA_ERROR, "the verifier wrote no readable JUnit report, and one was required"
     if timed_out:
-        return "timed_out", "the tests ran past their timeout and were killed"
-    return ("passed", None) if reward >= 1.0 else ("failed", None)
+        return wire.TIMED_OUT, "the tests ran past their timeout and were killed"
+    return (wire.PASSED, None) if reward >= 1.0 else (wire.FAILED, None)
 
 
 def _junit_name(raw: str | None) -> str:
@@ -225,7 +225,7 @@ def _test_spec(
         if not script.is_file():
             raise unprocessable(
                 f"no test command given and no {HARBOR_TEST_SCRIPT} in the working directory",
-                "no_test_command",
+                wire.NO_TEST_COMMAND,
             )
         request["argv"] = ["bash", HARBOR_TEST_SCRIPT]
     spec = parse_exec_spec(
@@ -267,13 +267,13 @@ def apply_patch(
     check = _git_apply(["--check", "--numstat"], patch, cwd, base_env, user)
     if check.returncode != 0:
         raise unprocessable(
-            f"the patch does not apply: {check.stderr.decode(errors='replace').strip()}", "bad_patch"
+            f"the patch does not apply: {check.stderr.decode(errors='replace').strip()}", wire.BAD_PATCH
         )
     files = [line.split("\t", 2)[2] for line in check.stdout.decode().splitlines() if line.count("\t") >= 2]
     applied = _git_apply([], patch, cwd, base_env, user)
     if applied.returncode != 0:
         raise unprocessable(
-            f"the patch failed to apply: {applied.stderr.decode(errors='replace').strip()}", "bad_patch"
+            f"the patch failed to apply: {applied.stderr.decode(errors='replace').strip()}", wire.BAD_PATCH
         )
     return {"applied": True, "files": files}
 
@@ -295,13 +295,13 @@ def _git_apply(
             **identity,
         )
     except FileNotFoundError:
-        raise unprocessable("git is not installed in this sandbox", "command_not_found") from None
+        raise unprocessable("git is not installed in this sandbox", wire.COMMAND_NOT_FOUND) from None
     try:
         stdout, stderr = proc.communicate(patch.encode(), timeout=PATCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         wait_and_forget(proc)
-        raise unprocessable("applying the patch timed out", "bad_patch") from None
+        raise unprocessable("applying the patch timed out", wire.BAD_PATCH) from None
     return subprocess.CompletedProcess(argv, wait_and_forget(proc), stdout, stderr)
 
 
@@ -329,7 +329,7 @@ def _prepare_verifier_dir(verification: Verification) -> None:
     except OSError as error:
         raise AgentError(
             HTTPStatus.UNPROCESSABLE_ENTITY,
-            "verifier_dir_unwritable",
+            wire.VERIFIER_DIR_UNWRITABLE,
             f"cannot prepare {str(verifier)!r}: {error.strerror}",
         ) from None
 
@@ -364,26 +364,26 @@ def read_reward(verifier: Path, exit_code: int | None) -> tuple[float, str, str 
     text = _read_report_file(verifier / "reward.txt", MAX_REWARD_BYTES)
     if text is not None:
         if text == _NOT_REGULAR:
-            return 0.0, "reward_file", "reward.txt is not a regular file"
+            return 0.0, wire.REWARD_FILE, "reward.txt is not a regular file"
         raw = text.decode(errors="replace").strip()
         try:
             value = float(raw)
         except ValueError:
-            return 0.0, "reward_file", f"reward.txt does not hold a number: {raw[:80]!r}"
+            return 0.0, wire.REWARD_FILE, f"reward.txt does not hold a number: {raw[:80]!r}"
         if not math.isfinite(value):
-            return 0.0, "reward_file", f"reward.txt holds {raw[:80]!r}"
-        return value, "reward_file", None
+            return 0.0, wire.REWARD_FILE, f"reward.txt holds {raw[:80]!r}"
+        return value, wire.REWARD_FILE, None
     data = _read_report_file(verifier / "reward.json", MAX_REWARD_BYTES)
     if data is not None:
         try:
             parsed = json.loads(data)
         except ValueError:
-            return 0.0, "reward_file", "reward.json is not valid JSON"
+            return 0.0, wire.REWARD_FILE, "reward.json is not valid JSON"
         value_or_none = _reward_from_json(parsed)
         if value_or_none is None:
-            return 0.0, "reward_file", "reward.json has no numeric 'reward'"
-        return value_or_none, "reward_file", None
-    return fallback, "exit_code", None
+            return 0.0, wire.REWARD_FILE, "reward.json has no numeric 'reward'"
+        return value_or_none, wire.REWARD_FILE, None
+    return fallback, wire.EXIT_CODE, None
 
 
 def _reward_from_json(data: object) -> float | None:
@@ -442,7 +442,7 @@ def tally(cases: list[JunitCase]) -> dict[str, int]:
     only result is a teardown error is also one passed, as pytest counts it. A non-strict XPASS
     is indistinguishable from a pass in JUnit and counts as passed.
     """
-    counts = dict.fromkeys(COUNT_KEYS, 0)
+    counts = dict.fromkeys(wire.COUNT_KEYS, 0)
     seen: set[str] = set()
     for case in cases:
         counts["failed"] += case.failures

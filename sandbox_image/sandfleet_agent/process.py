@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandfleet_agent import command, reaper
+from sandfleet_agent import command, reaper, wire
 from sandfleet_agent.command import Command
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.params import (
@@ -190,11 +190,11 @@ def _spawn_error(spec: ExecSpec, error: command.SpawnError) -> AgentError:
             "bad_cwd",
         )
     if error.code == errno.ENOENT:
-        return unprocessable(f"command not found: {spec.argv[0]!r}", "command_not_found")
+        return unprocessable(f"command not found: {spec.argv[0]!r}", wire.COMMAND_NOT_FOUND)
     if error.code in (errno.EACCES, errno.EPERM):
-        return unprocessable(f"command is not executable: {spec.argv[0]!r}", "command_not_executable")
+        return unprocessable(f"command is not executable: {spec.argv[0]!r}", wire.COMMAND_NOT_EXECUTABLE)
     if error.code == errno.ENOEXEC:
-        return unprocessable(f"not an executable format: {spec.argv[0]!r}", "command_not_executable")
+        return unprocessable(f"not an executable format: {spec.argv[0]!r}", wire.COMMAND_NOT_EXECUTABLE)
     return unprocessable(f"cannot start {spec.argv[0]!r}: {os.strerror(error.code)}", "spawn_failed")
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 
-from sandfleet_agent import deciding
+from sandfleet_agent import deciding, wire
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.paths import Workspace
 from sandfleet_agent.process import ExecSpec, ProcessResult, render_output, run
@@ -192,7 +192,7 @@ def find_python(name: str) -> str:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             check_root_only(candidate.parent, "the interpreter's directory")
             return str(candidate)
-    raise unprocessable(f"no {name!r} on {SAFE_PATH} to run the task's tests with", "command_not_found")
+    raise unprocessable(f"no {name!r} on {SAFE_PATH} to run the task's tests with", wire.COMMAND_NOT_FOUND)
 
 
 # -- the scoring tree ------------------------------------------------------------------------------
@@ -475,15 +475,15 @@ def score(
         )
         outcome, reason = decision.outcome, decision.reason
         if decision.harness_suspect and not _harness_gives_verdict(spec, scratch_root, verifier, python):
-            outcome = "infra_error"
+            outcome = wire.INFRA_ERROR
             reason = f"the task's harness gives no verdict on its own pristine tree either ({reason})"
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     tampered = [f"{path}: {why}" for path, why in carried.dropped] + [f"left in {place}" for place in removed]
     return {
         "outcome": outcome,
-        "reward": decision.reward if outcome != "infra_error" else 0.0,
-        "reward_source": "deciding_tests",
+        "reward": decision.reward if outcome != wire.INFRA_ERROR else 0.0,
+        "reward_source": wire.DECIDING_TESTS,
         "outcome_reason": reason,
         "deciding": {
             "total": len(spec.deciding),
@@ -517,9 +517,9 @@ def score(
 
 def _refused(why: str, started: float) -> dict[str, object]:
     return {
-        "outcome": "failed",
+        "outcome": wire.FAILED,
         "reward": 0.0,
-        "reward_source": "deciding_tests",
+        "reward_source": wire.DECIDING_TESTS,
         "outcome_reason": f"the episode's tree cannot be scored: {why}",
         "deciding": {},
         "tampered": [why],
@@ -541,7 +541,7 @@ def _fresh_scratch(root: Path) -> Path:
     except OSError as error:
         raise AgentError(
             HTTPStatus.UNPROCESSABLE_ENTITY,
-            "verifier_dir_unwritable",
+            wire.VERIFIER_DIR_UNWRITABLE,
             f"cannot prepare {str(root)!r}: {error}",
         ) from None
     return scratch

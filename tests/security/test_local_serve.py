@@ -19,9 +19,9 @@ import pytest
 
 from sandfleet.core.addressing import DEFAULT_SUBNET
 from sandfleet.local import hoststate, network
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.network import SlotTable
 from sandfleet.local.runtime import DEFAULT_STATE_DIR
-from sandfleet.local.tools import ImageRef
 from tests.support.servers import free_port, wait_until_ready
 
 pytestmark = pytest.mark.gvisor

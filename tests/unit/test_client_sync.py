@@ -9,8 +9,8 @@ import threading
 import httpx
 import pytest
 
-from sandfleet.client import FRESH_KEY_HEADER, AsyncFleet, Fleet, Lease, Sandbox, SandboxLost, Unavailable
-from sandfleet.gateway.routes.leases import FRESH_KEY_HEADER as GATEWAY_FRESH_KEY_HEADER
+from sandfleet.client import AsyncFleet, Fleet, Lease, Sandbox, SandboxLost, Unavailable
+from sandfleet.wire import FRESH_KEY_HEADER
 
 LEASE = {"id": "l1", "pool": "python", "sandbox": "sb-1", "region": "us", "expires_at": 1.0, "labels": {}}
 
@@ -154,4 +154,3 @@ def test_only_the_first_try_of_a_key_the_client_made_says_it_is_fresh() -> None:
         fleet.acquire("python")  # a 503, then the retry
         fleet.acquire("python", idempotency_key="episode-7")  # the caller's own key: maybe sent before
     assert fresh == ["true", None, None]
-    assert GATEWAY_FRESH_KEY_HEADER == FRESH_KEY_HEADER  # the name the gateway reads

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandfleet.client import Evaluation, LeaseEnded, Outcome, Sandbox, SandfleetError
+from sandfleet.client import Evaluation, LeaseEnded, Sandbox, SandfleetError
+from sandfleet.wire import Outcome
 
 # Every character a text observation may hold: printable ASCII, newline and tab.
 OBSERVATION_CHARSET = frozenset(string.printable) - frozenset("\r\x0b\x0c")

@@ -1,23 +1,8 @@
-"""The `sandfleet` command line: one typer app; each command group lives in its own module."""
+"""The `sandfleet` command line: the typer app (`cli/app.py`) with every command group registered."""
 
 from __future__ import annotations
 
-import typer
-
-app = typer.Typer(
-    name="sandfleet",
-    help="gVisor-isolated coding sandboxes for agentic RL: serve, lease, exec, operate.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-
-@app.command()
-def version() -> None:
-    """Print sandfleet's version."""
-    from sandfleet import __version__
-
-    typer.echo(__version__)
+from sandfleet.cli.app import app
 
 
 def _register_commands() -> None:
@@ -35,3 +20,5 @@ def _register_commands() -> None:
 
 
 _register_commands()
+
+__all__ = ["app"]

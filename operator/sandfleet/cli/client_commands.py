@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
+from sandfleet.wire import EvaluateRequest, Outcome
 
 URL = Annotated[str | None, typer.Option("--url", envvar="SANDFLEET_URL", help="Gateway URL.")]
 TOKEN = Annotated[str | None, typer.Option("--token", envvar="SANDFLEET_TOKEN", help="Bearer token.")]
@@ -238,7 +239,7 @@ def evaluate(
     the sandbox's source edits carried over (docs/tasks.md, How rewards are computed).
     Exit status: 0 passed, 1 failed, 124 timed out, 3 infra_error (mask that episode).
     """
-    body: dict[str, Any] = {}
+    body: EvaluateRequest = {}
     if task is not None:
         if command or cwd or timeout is not None or require_report:
             raise typer.BadParameter(
@@ -264,15 +265,15 @@ def evaluate(
         typer.echo(f"{result.outcome}\treward={result.reward:g}\t{counts or 'no per-test report'}")
         if result.reason:
             sys.stderr.write(f"sandfleet: {result.reason}\n")
-    raise typer.Exit(EVALUATE_EXIT[str(result.outcome)])
+    raise typer.Exit(EVALUATE_EXIT[result.outcome])
 
 
-EVALUATE_EXIT = {"passed": 0, "failed": 1, "timed_out": 124, "infra_error": 3}
+EVALUATE_EXIT = {Outcome.PASSED: 0, Outcome.FAILED: 1, Outcome.TIMED_OUT: 124, Outcome.INFRA_ERROR: 3}
 
 
 def _task_scoring(task_id: str, catalogue: Path | None) -> dict[str, object]:
     """The evaluate request's `task` object for a catalogue task (its deciding tests and tree)."""
-    from sandfleet.rl.tasks import DEFAULT_CATALOGUE
+    from sandfleet.rl.catalogue_tasks import DEFAULT_CATALOGUE
     from sandfleet.tasks.catalogue import CatalogueError, parse_catalogue
 
     path = catalogue or Path(os.environ.get("SANDFLEET_TASKS") or DEFAULT_CATALOGUE)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
 
 
 @app.command()

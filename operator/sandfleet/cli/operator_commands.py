@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
 
 
 @app.command()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
 from sandfleet.cli.client_commands import TOKEN, URL, console
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ app.add_typer(rl, name="rl")
 
 def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
     """The catalogue's tasks (the default one's without it); a bad catalogue is one line and exit 1."""
-    from sandfleet.rl.tasks import load_tasks
+    from sandfleet.rl.catalogue_tasks import load_tasks
     from sandfleet.tasks.fetching import TaskBuildError
 
     try:
@@ -79,7 +79,7 @@ def _tasks(catalogue: Path | None) -> tuple[Task, ...]:
 @rl.command("build-tasks")
 def build_tasks(tasks: TASKS = None) -> None:
     """Fetch the tasks' packages from PyPI (cached), break them, build the task image (root)."""
-    from sandfleet.rl.tasks import DEFAULT_CATALOGUE, build_image, image_name
+    from sandfleet.rl.catalogue_tasks import DEFAULT_CATALOGUE, build_image, image_name
     from sandfleet.tasks.fetching import TaskBuildError
 
     try:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
 from sandfleet.cli.client_commands import AS_JSON, TOKEN, URL, _fail, _fleet, _run, console
 
 

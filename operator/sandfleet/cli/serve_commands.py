@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
 
 GRACEFUL_SHUTDOWN_SECONDS = 5
 
@@ -72,9 +72,9 @@ def serve(
     from sandfleet.gateway.runs import MemoryPolicyStore
     from sandfleet.gateway.serving import guarded_protocol
     from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, TenantSettings
+    from sandfleet.local.artifacts import ImageRef, ensure_base_image, ensure_runsc, image_ref_from_layout
     from sandfleet.local.errors import LocalRuntimeError
     from sandfleet.local.runtime import LocalRuntime
-    from sandfleet.local.tools import ImageRef, ensure_base_image, ensure_runsc, image_ref_from_layout
 
     console = Console(stderr=True)
     if not local:
@@ -98,7 +98,7 @@ def serve(
             base = asyncio.run(ensure_base_image())
         images = [base if name == "base" else image_ref_from_layout(name) for name in names]
         if tasks:
-            from sandfleet.rl.tasks import DEFAULT_CATALOGUE, build_image, image_name, load_tasks
+            from sandfleet.rl.catalogue_tasks import DEFAULT_CATALOGUE, build_image, image_name, load_tasks
             from sandfleet.tasks.fetching import TaskBuildError
 
             with console.status("fetching the tasks from PyPI (cached) and building their image..."):

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from sandfleet.cli import app
+from sandfleet.cli.app import app
 
 task = typer.Typer(help="Tasks: build their images, mine them from packages, check them in gVisor.",
                    no_args_is_help=True)  # fmt: skip

@@ -11,6 +11,7 @@ import typer
 
 from sandfleet.cli.client_commands import TOKEN, URL, console
 from sandfleet.cli.task_commands import task
+from sandfleet.wire import EvaluateRequest, Outcome
 
 if TYPE_CHECKING:
     from sandfleet.client import AsyncFleet
@@ -41,7 +42,7 @@ def mine(
     """Mutate what the package's tests cover; keep mutants its tests catch, as verified tasks."""
     import re
 
-    from sandfleet.rl.tasks import cache_dir
+    from sandfleet.rl.catalogue_tasks import cache_dir
     from sandfleet.tasks.catalogue import (
         SDIST_PATTERN,
         Catalogue,
@@ -200,11 +201,11 @@ async def _check_one(
     ) as sandbox:
 
         async def evaluate(patch: str | None = None) -> tuple[float, dict[str, str]]:
-            body: dict[str, object] = {"task": scoring}
+            body: EvaluateRequest = {"task": scoring}
             if patch:
                 body["patch"] = patch
             result = await sandbox.evaluate(**body)
-            if str(result.outcome) in ("infra_error", "timed_out"):
+            if result.outcome in (Outcome.INFRA_ERROR, Outcome.TIMED_OUT):
                 problems.append(f"an evaluation was {result.outcome}: {result.reason or 'no reason given'}")
             return result.reward, outcomes(result.tests)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from sandfleet.controller.fleet import Operator
+from sandfleet.controller.pool_workers import Operator
 from sandfleet.core import api
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandfleet.core import api
-from sandfleet.kube.client import MERGE_PATCH, KubeClient
+from sandfleet.kube.api_calls import MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import EventHandler, Informer

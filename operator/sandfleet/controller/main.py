@@ -14,9 +14,9 @@ import kopf
 from prometheus_client import start_http_server
 
 from sandfleet.controller import handlers  # noqa: F401  (registers the kopf handlers)
-from sandfleet.controller.fleet import Operator, OperatorSettings
 from sandfleet.controller.kube import Kube, connect
 from sandfleet.controller.metrics import cluster_registry
+from sandfleet.controller.pool_workers import Operator, OperatorSettings
 from sandfleet.core.agent_tokens import AgentKeyError, parse_fleet_key
 from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.core.ledger import DEFAULT_SHARDS

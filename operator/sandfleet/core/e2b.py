@@ -45,7 +45,7 @@ class E2BRequestError(ValueError):
 
 
 @dataclass(frozen=True)
-class Template:
+class E2BTemplate:
     """What an E2B template names here: a pool, or an image (leased from a pool that serves it)."""
 
     name: str
@@ -53,7 +53,7 @@ class Template:
     image: str | None = None
 
 
-def template_choice(template: str | None, pools: list[str]) -> Template:
+def template_choice(template: str | None, pools: list[str]) -> E2BTemplate:
     """The pool or image a template names.
 
     An image reference (it has a '/', ':' or '@') is an image; anything else names a pool. The SDK's
@@ -63,15 +63,15 @@ def template_choice(template: str | None, pools: list[str]) -> Template:
     if not name:
         raise E2BRequestError(400, "templateID is empty: name a pool or an image")
     if any(mark in name for mark in "/:@"):
-        return Template(name=name, image=name)
+        return E2BTemplate(name=name, image=name)
     if name == SDK_DEFAULT_TEMPLATE and name not in pools:
         if len(pools) != 1:
             listed = ", ".join(sorted(pools)) or "none"
             raise E2BRequestError(
                 400, f"template 'base' is ambiguous here: name one of the pools ({listed}) or an image"
             )
-        return Template(name=name, pool=pools[0])
-    return Template(name=name, pool=name)
+        return E2BTemplate(name=name, pool=pools[0])
+    return E2BTemplate(name=name, pool=name)
 
 
 def lease_ttl(timeout: object) -> int | None:

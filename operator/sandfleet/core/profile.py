@@ -97,7 +97,7 @@ class PhaseStats:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class BottleneckVerdict:
     """The bottleneck and the lever that fits it."""
 
     bottleneck: Literal["none", "rollout-sandbox", "rollout-generation", "train"]
@@ -115,7 +115,7 @@ class Profile:
     split: dict[str, float]  # category -> fraction of rollout+training time (sums to 1 or all 0)
     seconds: dict[str, float]  # category -> seconds in the window
     learner_busy: float | None  # fraction of the window the learner trained; None without learner spans
-    verdict: Verdict
+    verdict: BottleneckVerdict
     spans: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -132,26 +132,28 @@ def category_seconds(spans: Iterable[Span], start: float, end: float) -> dict[st
     }
 
 
-def judge(seconds: dict[str, float], learner_busy: float | None) -> Verdict:
+def judge(seconds: dict[str, float], learner_busy: float | None) -> BottleneckVerdict:
     """Name the bottleneck from the category split and how busy the learner was."""
     rollout = seconds["generation"] + seconds["sandbox"] + seconds["scoring"]
     if rollout + seconds["training"] <= 0:
-        return Verdict("none", "report spans (sandfleet.rl does) to get a verdict", "no spans in the window")
+        return BottleneckVerdict(
+            "none", "report spans (sandfleet.rl does) to get a verdict", "no spans in the window"
+        )
     if learner_busy is not None and learner_busy >= LEARNER_BUSY:
-        return Verdict(
+        return BottleneckVerdict(
             "train",
             "speed up the learner: larger learner batch, more learner GPUs, or fewer weight syncs",
             f"the learner was busy {learner_busy:.0%} of the window, so actors wait on it",
         )
     if rollout <= 0:
-        return Verdict(
+        return BottleneckVerdict(
             "train", "add actors: the learner has nothing else to wait for", "only training in the window"
         )
     busy = "" if learner_busy is None else f"the learner was busy only {learner_busy:.0%}; "
     # Scoring runs the tests inside the sandbox, so it is sandbox time as far as levers go.
     in_sandbox = seconds["sandbox"] + seconds["scoring"]
     if in_sandbox >= seconds["generation"]:
-        return Verdict(
+        return BottleneckVerdict(
             "rollout-sandbox",
             "raise the pool's warm target or prefetch task images (POST /v1/prefetch); run tests in"
             " the background while generating, or run fewer of them per episode",
@@ -160,7 +162,7 @@ def judge(seconds: dict[str, float], learner_busy: float | None) -> Verdict:
             "in tests)",
         )
     share = seconds["generation"] / rollout
-    return Verdict(
+    return BottleneckVerdict(
         "rollout-generation",
         "add actors or make them async (more episodes in flight per GPU), or batch generation",
         f"{busy}rollouts spend {share:.0%} of their time generating",

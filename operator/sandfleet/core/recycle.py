@@ -39,14 +39,14 @@ class RecyclePolicy:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RecycleDecision:
     """Recycle (reset, or once reset: warm again for its run) or destroy, and why."""
 
     recycle: bool
     reason: str
 
 
-def recycle_verdict(
+def recycle_decision(
     policy: RecyclePolicy | None,
     *,
     run: str | None,
@@ -54,7 +54,7 @@ def recycle_verdict(
     born_at: float,
     now: float,
     probe: Sequence[str] | None = None,
-) -> Verdict:
+) -> RecycleDecision:
     """Whether a sandbox that has served `episodes` episodes, the last of `run`, is recycled now.
 
     Asked twice: when the episode ends (`probe` None: reset it or destroy it), and after the
@@ -62,19 +62,21 @@ def recycle_verdict(
     it). `born_at` is when the sandbox first became warm.
     """
     if policy is None:
-        return Verdict(False, "the pool does not recycle")
+        return RecycleDecision(False, "the pool does not recycle")
     if not run:
-        return Verdict(False, "the lease had no run label: only a run's own episodes reuse a sandbox")
+        return RecycleDecision(False, "the lease had no run label: only a run's own episodes reuse a sandbox")
     if episodes >= policy.max_episodes:
-        return Verdict(False, f"it served {episodes} episodes, the pool's most ({policy.max_episodes})")
+        return RecycleDecision(
+            False, f"it served {episodes} episodes, the pool's most ({policy.max_episodes})"
+        )
     age = now - born_at
     if age >= policy.max_seconds:
-        return Verdict(False, f"it is {age:.0f} s old, past the pool's {policy.max_seconds:g} s")
+        return RecycleDecision(False, f"it is {age:.0f} s old, past the pool's {policy.max_seconds:g} s")
     if probe:
-        return Verdict(False, "its reset did not restore the golden state: " + "; ".join(probe))
+        return RecycleDecision(False, "its reset did not restore the golden state: " + "; ".join(probe))
     if probe is None:
-        return Verdict(True, "reset it for its run's next episode")
-    return Verdict(True, "reset and probed clean: warm for its run")
+        return RecycleDecision(True, "reset it for its run's next episode")
+    return RecycleDecision(True, "reset and probed clean: warm for its run")
 
 
 def reserved_to_drop(

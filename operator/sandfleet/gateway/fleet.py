@@ -21,7 +21,7 @@ from sandfleet.gateway.kube import KubeBackend
 from sandfleet.gateway.leasing import LeaseGone, SandboxWithdrawn
 from sandfleet.gateway.metrics import ClusterUp
 from sandfleet.gateway.recycling import AgentResets
-from sandfleet.kube.client import KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.config import ApiClient
 from sandfleet.kube.errors import KubeError
 

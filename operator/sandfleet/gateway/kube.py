@@ -25,11 +25,11 @@ from sandfleet.core.ledger import Claim, LedgerEntry, Op, Release, Reserve, Rewr
 from sandfleet.core.model import SandboxPod, image_key, lease_cluster, lease_id, split_lease_id
 from sandfleet.core.partition import owner, shard_owner
 from sandfleet.core.pods import sandbox_from_pod
-from sandfleet.core.recycle import recycle_verdict
+from sandfleet.core.recycle import recycle_decision
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.gateway.kube_members import GatewayMembers
 from sandfleet.gateway.recycling import AgentResets
-from sandfleet.kube.client import APPLY_PATCH, MERGE_PATCH, KubeClient
+from sandfleet.kube.api_calls import APPLY_PATCH, MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import SYNC, Informer
@@ -190,10 +190,10 @@ class KubeBackend(IndexedReads):
         if self.resets is None or pool is None or lease is None or not lease.run:
             return False
         episodes = sandbox.episodes + 1
-        verdict = recycle_verdict(
+        decision = recycle_decision(
             pool.recycle, run=lease.run, episodes=episodes, born_at=sandbox.created_at, now=time.time()
         )
-        if not verdict.recycle:
+        if not decision.recycle:
             return False
         result = await self.resets.reset(sandbox, episodes)
         if result.already_reset:

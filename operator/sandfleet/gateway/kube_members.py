@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from sandfleet.core import api
 from sandfleet.core.partition import live_members
-from sandfleet.kube.client import MERGE_PATCH, KubeClient
+from sandfleet.kube.api_calls import MERGE_PATCH, KubeClient
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import SYNC, Informer
 

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandfleet.core import api
-from sandfleet.core.policy import PolicyError, RunPolicy
-from sandfleet.kube.client import KubeClient
+from sandfleet.core.policy_versions import PolicyError, RunPolicy
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.errors import KubeError
 
 POLICY_KEY = "policy.json"

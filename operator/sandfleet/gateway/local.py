@@ -19,14 +19,14 @@ from sandfleet.core.leases import LeaseError, LeaseRecord
 from sandfleet.core.model import LeaseSpec, SandboxPod, image_key
 from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_LABELS, STARTUP_METRIC
 from sandfleet.core.quotas import CapacityError
-from sandfleet.core.recycle import RecyclePolicy, recycle_verdict, reserved_to_drop
+from sandfleet.core.recycle import RecyclePolicy, recycle_decision, reserved_to_drop
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.gateway.recycling import reset_metrics
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.plan import demand_boots, idle_spares, prefetch_refusal, startup_phases, template_hash
 from sandfleet.local.pool import WarmPool
 from sandfleet.local.runtime import LocalRuntime, ResetFailed, RunscSandbox, SandboxSpec
-from sandfleet.local.tools import ImageRef
 
 log = logging.getLogger(__name__)
 
@@ -262,10 +262,10 @@ class LocalBackend(IndexedReads):
         if current is not None and local is not None and current.lease is not None:
             life = self._life(local)
             lease = current.lease
-            verdict = recycle_verdict(
+            decision = recycle_decision(
                 self.recycle, run=lease.run, episodes=life.episodes, born_at=life.born_at, now=self.clock()
             )
-            if verdict.recycle:
+            if decision.recycle:
                 self._end(sandbox.key, api.LEASE_RELEASED, destroy=False)
                 reserve = self._reserve_of(lease, current.image_key)
                 task = asyncio.get_running_loop().create_task(self._reset(local, reserve))
@@ -273,7 +273,7 @@ class LocalBackend(IndexedReads):
                 task.add_done_callback(self._resets.discard)
                 return
             if self.recycle is not None:
-                log.debug("sandbox %s is not recycled: %s", local.id, verdict.reason)
+                log.debug("sandbox %s is not recycled: %s", local.id, decision.reason)
         self._end(sandbox.key, api.LEASE_RELEASED)
 
     def _end(self, key: str, state: str, destroy: bool = True) -> None:
@@ -330,7 +330,7 @@ class LocalBackend(IndexedReads):
         except LocalRuntimeError as error:
             problems, result = [str(error)], "restore_failed"
         else:
-            verdict = recycle_verdict(
+            decision = recycle_decision(
                 self.recycle,
                 run=reserve[1],
                 episodes=life.episodes,
@@ -338,7 +338,7 @@ class LocalBackend(IndexedReads):
                 now=self.clock(),
                 probe=problems,
             )
-            result = "recycled" if verdict.recycle else "retired"
+            result = "recycled" if decision.recycle else "retired"
         self.resets.labels(self.info.name, result).inc()
         self.reset_seconds.labels(self.info.name).observe(time.monotonic() - started)
         if result != "recycled":

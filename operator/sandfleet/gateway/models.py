@@ -9,6 +9,7 @@ from pydantic.config import JsonDict
 
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod
+from sandfleet.wire import COUNT_KEYS, Outcome, RewardSource
 
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # The most sandboxes one acquire may name in the schema; the gateway's settings bound groups and
@@ -233,10 +234,17 @@ class Problem(BaseModel):
     )
 
 
-class Evaluation(BaseModel):
+class EvaluateResponse(BaseModel):
     """The outcome of POST /v1/leases/{id}/evaluate, as the sandbox's agent reports it."""
 
-    outcome: Literal["passed", "failed", "timed_out", "infra_error"] = Field(
+    # The schema of an answer the gateway passes through unread: its fields are sandfleet.wire's
+    # EvaluationReport (tests/unit/gateway/test_evaluate_schema.py holds them equal). Published as
+    # `Evaluation` (the schema's component and title), the name generated clients know it by; in
+    # Python that name is the client's typed result.
+    __qualname__ = "Evaluation"
+    model_config = ConfigDict(title="Evaluation")
+
+    outcome: Literal[Outcome.PASSED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.INFRA_ERROR] = Field(
         description="passed: reward >= 1; failed: the tests ran and did not earn it; timed_out: killed at "
         "the timeout; infra_error: the verifier could not run or a required report is missing (mask it)."
     )
@@ -245,7 +253,7 @@ class Evaluation(BaseModel):
         description="With a task: 1.0 if every deciding test passed, else 0.0. With a command: the reward "
         "file's value, else 1.0 for exit status 0, else 0.0."
     )
-    reward_source: Literal["deciding_tests", "reward_file", "exit_code"]
+    reward_source: Literal[RewardSource.DECIDING_TESTS, RewardSource.REWARD_FILE, RewardSource.EXIT_CODE]
     deciding: dict[str, Any] | None = Field(
         None, description="With a task: its deciding tests' total, how many passed, and those that did not."
     )
@@ -258,7 +266,7 @@ class Evaluation(BaseModel):
         None, description="With a task: the source files taken from the episode's tree (changed, deleted)."
     )
     counts: dict[str, int] = Field(
-        description="Per-test counts from the JUnit report: passed, failed, error, skipped, xfailed."
+        description=f"Per-test counts from the JUnit report: {', '.join(COUNT_KEYS)}."
     )
     tests: list[dict[str, Any]] = Field(
         description="One entry per JUnit testcase: name, outcome, duration_s."

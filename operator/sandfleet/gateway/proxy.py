@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import SandboxPod
+from sandfleet.wire import FROM_SANDBOX
 
 # Headers that describe one hop, never forwarded (RFC 9110 7.6.1), plus our own credentials.
 HOP_HEADERS = {
@@ -270,7 +271,7 @@ def as_problem(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, s
     problem = {
         "error": str(error.get("code") or "sandbox_error"),
         "detail": str(error.get("message") or "the sandbox refused the request"),
-        "source": "sandbox",
+        "source": FROM_SANDBOX,
     }
     headers = {k: v for k, v in headers.items() if k.lower() not in {"content-type", "content-encoding"}}
     headers["content-type"] = "application/json"

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from sandfleet.core.policy import RunPolicy
+from sandfleet.core.policy_versions import RunPolicy
 from sandfleet.core.profile import PHASES, Profile, Span
 from sandfleet.gateway.models import Strict
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from sandfleet.core.pods import ready_replicas, replica_selector
 from sandfleet.core.profile import Span
 from sandfleet.gateway.run_models import SpansView
-from sandfleet.kube.client import KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.errors import KubeError
 
 log = logging.getLogger(__name__)

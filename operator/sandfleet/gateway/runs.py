@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Protocol
 
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.core.policy import STALE_LABEL, Mode, PolicyError, RunPolicy, decide, publish, staleness
+from sandfleet.core.policy_versions import (
+    STALE_LABEL,
+    Mode,
+    PolicyError,
+    RunPolicy,
+    decide,
+    publish,
+    staleness,
+)
 from sandfleet.core.profile import Profile, Span, check_span, profile
 from sandfleet.gateway.auth import Caller
 from sandfleet.gateway.metrics import GatewayMetrics

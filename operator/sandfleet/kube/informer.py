@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from sandfleet.kube.client import LIST_TIMEOUT, WATCH_SECONDS, WATCH_TIMEOUT, KubeClient
+from sandfleet.kube.api_calls import LIST_TIMEOUT, WATCH_SECONDS, WATCH_TIMEOUT, KubeClient
 from sandfleet.kube.errors import Gone, KubeError
 from sandfleet.kube.metrics import RELISTS, RESTARTS, WATCH_EVENTS
 from sandfleet.kube.watching import BOOKMARK, Backoff, LineSplitter, read_event

@@ -35,7 +35,7 @@ from sandfleet.core.ledger import (
     read_entries,
     stored_entries,
 )
-from sandfleet.kube.client import MERGE_PATCH, METADATA_LIST, KubeClient
+from sandfleet.kube.api_calls import MERGE_PATCH, METADATA_LIST, KubeClient
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import SYNC, Informer
 from sandfleet.kube.metrics import LEDGER_BATCH, LEDGER_WRITES

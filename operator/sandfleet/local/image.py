@@ -10,9 +10,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.commands import CommandError, run_command
 from sandfleet.local.errors import LocalRuntimeError
-from sandfleet.local.tools import ImageRef
 
 UNPACK_TIMEOUT_S = 600.0
 

@@ -39,10 +39,10 @@ from sandfleet.core.api import DEFAULT_AGENT_PORT
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.core.recycle import Fingerprint, fingerprint_from_json, probe_problems
 from sandfleet.local import hoststate, network
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.commands import CommandError, run_command
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.image import ImageConfig, ensure_rootfs, read_image_config
-from sandfleet.local.tools import ImageRef
 
 log = logging.getLogger(__name__)
 

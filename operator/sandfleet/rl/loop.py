@@ -7,7 +7,7 @@ HTTP endpoint). Both paths run these same `Actor` and `Learner` classes.
 
 An actor takes the newest weights it has (the weight sync), leases a sandbox for its policy
 version, reads the broken file, chooses an edit, writes it, and gets the reward from the package's
-own tests through `evaluate` (the tasks come from a catalogue: `sandfleet.rl.tasks`). With
+own tests through `evaluate` (the tasks come from a catalogue: `sandfleet.rl.catalogue_tasks`). With
 `episodes_per_step` above 1 an actor's step is that many samples of one task, run at once on the
 sandboxes of one batch acquire (up to that many, at least one, within `batch_wait_seconds`). An episode
 the fleet failed (`infra_error`, a lease or transport failure) never reaches the learner as a zero
@@ -36,15 +36,15 @@ from sandfleet.client import (
     AsyncSandbox,
     Evaluation,
     NotFound,
-    Outcome,
     PolicyConflict,
     SpanReport,
 )
 from sandfleet.core.profile import percentile
-from sandfleet.rl.outcomes import is_infrastructure, verdict
+from sandfleet.rl.catalogue_tasks import apply_edit, load_tasks
+from sandfleet.rl.outcomes import is_infrastructure, training_decision
 from sandfleet.rl.policy import Array, SoftmaxPolicy, Trajectory, UpdateStats
-from sandfleet.rl.tasks import apply_edit, load_tasks
 from sandfleet.tasks.catalogue import Task
+from sandfleet.wire import Outcome
 
 
 @dataclass
@@ -381,7 +381,7 @@ class Actor:
         """Report an episode's spans and send its trajectory; None (counted) if the fleet failed it."""
         action, logp, result = played.action, played.logp, played.result
         await self.fleet.report_spans(self.config.run, played.spans)
-        scored = verdict(result.outcome, result.reward)
+        scored = training_decision(result.outcome, result.reward)
         if not scored.train:
             self.stats.infra_errors += 1
             self.stats.infra_reasons.append(f"{self.name}: {task.id}: {result.reason or result.outcome}")

@@ -16,27 +16,27 @@ import httpx
 from sandfleet.client import (
     LeaseEnded,
     NoSandboxInTime,
-    Outcome,
     QueueFull,
     SandfleetError,
 )
+from sandfleet.wire import Outcome
 
 
 @dataclass(frozen=True)
-class Verdict:
+class TrainingDecision:
     """Whether an evaluated episode reaches the learner, with which reward."""
 
     train: bool
     reward: float
 
 
-def verdict(outcome: Outcome, reward: float) -> Verdict:
+def training_decision(outcome: Outcome, reward: float) -> TrainingDecision:
     """The learner's view of an evaluation: masked if the fleet failed, reward 0 if it timed out."""
     if outcome is Outcome.INFRA_ERROR:
-        return Verdict(train=False, reward=0.0)
+        return TrainingDecision(train=False, reward=0.0)
     if outcome is Outcome.TIMED_OUT:
-        return Verdict(train=True, reward=0.0)
-    return Verdict(train=True, reward=reward)
+        return TrainingDecision(train=True, reward=0.0)
+    return TrainingDecision(train=True, reward=reward)
 
 
 # The fleet could not give (or keep) a sandbox: no room in the queue, none in time, the lease gone.

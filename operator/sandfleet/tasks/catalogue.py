@@ -15,7 +15,7 @@ ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 SDIST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
 DEFAULT_TEST_COMMAND = "python3 -m pytest -q -p no:cacheprovider"
 SCHEMA_VERSION: Literal[1] = 1
-# Where a task image lays a catalogue's tasks (sandfleet.rl.tasks.prepare_workspace builds it): each
+# Where a task image lays a catalogue's tasks (sandfleet.rl.catalogue_tasks.prepare_workspace builds it): each
 # tree under tasks/<id>, pytest's wheels in .deps, each source's dependencies in .requires/<dir>;
 # and the image's own read-only copy of all of it, which scoring runs from (sandbox_image/task_image.py).
 WORKSPACE = "/workspace"

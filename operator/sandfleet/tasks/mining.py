@@ -61,7 +61,7 @@ class SuiteRun:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class MutantVerdict:
     """What one mutant did to the tests."""
 
     mutant: Mutant
@@ -145,26 +145,26 @@ def choose(candidates: list[tuple[str, Mutant]], limit: int, seed: int) -> list[
     return chosen
 
 
-def judge(mutant: Mutant, file: str, run: SuiteRun, passing: set[str]) -> Verdict:
+def judge(mutant: Mutant, file: str, run: SuiteRun, passing: set[str]) -> MutantVerdict:
     """Keep a mutant when tests the clean tree passes fail with it (and it ran to the end)."""
     if run.exit_code is None:
-        return Verdict(mutant, file, False, "timed out")
+        return MutantVerdict(mutant, file, False, "timed out")
     broken = run.failing & passing
     missing = passing - set(run.outcomes)
     if run.exit_code != 0 and not run.outcomes:
         broken = set(passing)  # collection crashed before any report: every test is lost
     if not broken and not missing:
-        return Verdict(mutant, file, False, "survived")
+        return MutantVerdict(mutant, file, False, "survived")
     if not broken:
-        return Verdict(mutant, file, False, "only made tests vanish")
-    return Verdict(mutant, file, True, "kept", tuple(sorted(broken)))
+        return MutantVerdict(mutant, file, False, "only made tests vanish")
+    return MutantVerdict(mutant, file, True, "kept", tuple(sorted(broken)))
 
 
 def task_id(source_id: str, operator: str, number: int) -> str:
     return f"{source_id}-{operator.replace('_', '-')}-{number:03d}"
 
 
-def candidates_for(original: str, verdict: Verdict, siblings: list[Mutant], seed: int) -> list[str]:
+def candidates_for(original: str, verdict: MutantVerdict, siblings: list[Mutant], seed: int) -> list[str]:
     """Replacements an RL policy may choose for the bug's window: the original, the bug, other mutants.
 
     A sibling counts when it changes nothing outside the bug's window; its text there is the option.
@@ -353,7 +353,7 @@ class Miner:
         timeout: float,
         jobs: int,
         report: MiningReport,
-    ) -> list[Verdict]:
+    ) -> list[MutantVerdict]:
         with tempfile.TemporaryDirectory(prefix="sandfleet-mutants-") as scratch:
             trees = []
             for worker in range(jobs):
@@ -361,9 +361,9 @@ class Miner:
                 shutil.copytree(self.tree, copy, symlinks=True)
                 trees.append(copy)
             free = list(trees)
-            verdicts: list[Verdict] = []
+            verdicts: list[MutantVerdict] = []
 
-            def attempt(item: tuple[str, Mutant]) -> Verdict:
+            def attempt(item: tuple[str, Mutant]) -> MutantVerdict:
                 tree = free.pop()
                 target = tree / item[0]
                 original = target.read_text()

@@ -29,8 +29,8 @@ from localcluster.addresses import REAL_POD_CIDR
 from sandfleet.client import Fleet, LeaseEnded, Sandbox
 from sandfleet.core import api
 from sandfleet.core.model import SandboxPod
-from sandfleet.rl.tasks import DEFAULT_CATALOGUE, apply_edit, image_name, load_tasks
-from sandfleet.rl.tasks import build_image as build_task_image
+from sandfleet.rl.catalogue_tasks import DEFAULT_CATALOGUE, apply_edit, image_name, load_tasks
+from sandfleet.rl.catalogue_tasks import build_image as build_task_image
 from tests.e2e.real_node.cluster import RealCluster, http_get_from_pod, pod_json
 from tests.e2e.real_node.conftest import real_cluster  # noqa: F401  (the session fixture)
 from tests.support import leases as recorded_leases

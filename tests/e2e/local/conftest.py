@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from sandfleet.local.artifacts import GVISOR_SCRIPT, IMAGE_BUILD_SCRIPT, ImageRef, image_ref_from_json
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox
-from sandfleet.local.tools import GVISOR_SCRIPT, IMAGE_BUILD_SCRIPT, ImageRef, image_ref_from_json
 
 BUILD_TIMEOUT_S = 1800
 

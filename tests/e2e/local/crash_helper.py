@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from sandfleet.local.artifacts import image_ref_from_json
 from sandfleet.local.runtime import LocalRuntime
-from sandfleet.local.tools import image_ref_from_json
 
 
 async def main(runsc: str, image_json: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandfleet.client import AsyncFleet, LeaseEnded, SandfleetError
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.bench import run_short
 
 pytestmark = pytest.mark.gvisor

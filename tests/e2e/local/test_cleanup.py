@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from sandfleet.local import hoststate, network
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox
-from sandfleet.local.tools import ImageRef
 from tests.e2e.local.conftest import host_debris
 
 pytestmark = pytest.mark.gvisor

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor

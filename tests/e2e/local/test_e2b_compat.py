@@ -17,7 +17,7 @@ import httpx
 import pytest
 from e2b import CommandExitException, Sandbox, SandboxException, SandboxQuery
 
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor

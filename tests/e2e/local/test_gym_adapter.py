@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 from sandfleet.adapters.gym import SandboxEnv
 from sandfleet.client import Fleet
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.answer_task import ANSWER_IS_42, ANSWER_PATCH, INSTRUCTION, serving
 
 pytestmark = pytest.mark.gvisor

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.servers import start_local_serve, stop_local_serve
 
 REPO = Path(__file__).resolve().parents[3]

@@ -17,7 +17,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from sandfleet.client import Fleet
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.answer_task import serving
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "integrations.md"

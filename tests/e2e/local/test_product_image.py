@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandfleet.rl.tasks import load_tasks
+from sandfleet.rl.catalogue_tasks import load_tasks
 
 pytestmark = pytest.mark.gvisor
 
@@ -177,7 +177,7 @@ def test_sandfleet_help_and_the_service_imports_run_in_gvisor(runsc: Path, bundl
 
 def test_the_rl_processes_find_their_default_catalogue_in_the_image(runsc: Path, bundle: Path) -> None:
     # The chart runs `sandfleet rl actor|learner` without --tasks: SANDFLEET_TASKS names the copy.
-    script = "from sandfleet.rl.tasks import load_tasks; print(len(load_tasks()))"
+    script = "from sandfleet.rl.catalogue_tasks import load_tasks; print(len(load_tasks()))"
     loaded = _runsc(runsc, bundle, ["python3", "-c", script])
     assert loaded.returncode == 0, loaded.stderr
     expected = len(load_tasks(REPO / "tasks" / "ci.yaml"))

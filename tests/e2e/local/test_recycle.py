@@ -22,8 +22,8 @@ from sandfleet.core.model import image_key
 from sandfleet.core.recycle import Fingerprint, RecyclePolicy, fingerprint_from_json, probe_problems
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService
 from sandfleet.gateway.local import LocalBackend
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec
-from sandfleet.local.tools import ImageRef
 from tests.e2e.local.conftest import host_debris, sh
 from tests.support.servers import start_local_serve, stop_local_serve
 

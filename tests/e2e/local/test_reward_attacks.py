@@ -30,8 +30,8 @@ from omegaconf import OmegaConf
 from sandfleet.adapters.gym import SandboxEnv
 from sandfleet.adapters.skyrl import ENV_ID, SandfleetTextEnv, register
 from sandfleet.client import Fleet, Outcome, Sandbox
-from sandfleet.local.tools import ImageRef
-from sandfleet.rl.tasks import apply_edit, load_tasks
+from sandfleet.local.artifacts import ImageRef
+from sandfleet.rl.catalogue_tasks import apply_edit, load_tasks
 from sandfleet.tasks.catalogue import Task
 from tests.support.reward_attacks import ATTACKS, PASSING_CONFTEST, Attack, script
 from tests.support.servers import start_local_serve, stop_local_serve

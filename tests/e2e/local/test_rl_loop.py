@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, Outcome, PolicyConflict
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
+from sandfleet.rl.catalogue_tasks import apply_edit, cache_dir, load_tasks, prepare_workspace
 from sandfleet.rl.loop import LoopConfig, run_loop
-from sandfleet.rl.tasks import apply_edit, cache_dir, load_tasks, prepare_workspace
 from tests.support.servers import free_port, stop_local_serve, wait_until_ready
 
 pytestmark = pytest.mark.gvisor

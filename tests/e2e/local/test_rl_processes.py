@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from sandfleet.client import Fleet
-from sandfleet.rl.tasks import load_tasks
+from sandfleet.rl.catalogue_tasks import load_tasks
 from tests.e2e.local.test_rl_loop import tasks_gateway
 from tests.support.kube import wait_until
 from tests.support.servers import free_port, wait_until_ready

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from sandfleet.client import Fleet, Outcome, SandboxError
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.pytest_summary import ANSI, MIXED_TESTS, summary_counts
 from tests.support.servers import start_local_serve, stop_local_serve
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sandfleet.client import Fleet, Outcome
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.e2e.local.conftest import BUILD_TIMEOUT_S
 from tests.support.servers import start_local_serve, stop_local_serve
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from sandfleet.client import AsyncFleet, Fleet, LeaseEnded
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.servers import runsc_sandboxes, serve_instance, start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor

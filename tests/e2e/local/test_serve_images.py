@@ -17,8 +17,8 @@ import pytest
 from sandfleet.client import Fleet
 from sandfleet.core.pods import STARTUP_BUCKETS, STARTUP_METRIC, STARTUP_PHASES
 from sandfleet.gateway.local import MAX_SANDBOXES
+from sandfleet.local.artifacts import IMAGE_BUILD_SCRIPT, ImageRef
 from sandfleet.local.image import rootfs_cache
-from sandfleet.local.tools import IMAGE_BUILD_SCRIPT, ImageRef
 from tests.e2e.local.conftest import build_task_image
 from tests.support.kube import wait_until
 from tests.support.servers import start_local_serve, stop_local_serve

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from sandfleet.adapters.skyrl import ENV_ID, SandfleetTextEnv, register
 from sandfleet.client import Fleet
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.answer_task import ANSWER_IS_42, ANSWER_PATCH, INSTRUCTION, serving
 
 pytestmark = pytest.mark.gvisor

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from sandfleet.local.artifacts import IMAGE_BUILD_SCRIPT, ImageRef
 from sandfleet.local.runtime import LocalRuntime
-from sandfleet.local.tools import IMAGE_BUILD_SCRIPT, ImageRef
 from tests.e2e.local.conftest import BUILD_TIMEOUT_S
 
 pytestmark = pytest.mark.gvisor

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandfleet.local.tools import ImageRef
-from sandfleet.rl.tasks import build_image, from_catalogue
+from sandfleet.local.artifacts import ImageRef
+from sandfleet.rl.catalogue_tasks import build_image, from_catalogue
 from sandfleet.tasks.catalogue import dump_catalogue, parse_catalogue
 from tests.support.servers import start_local_serve, stop_local_serve
 

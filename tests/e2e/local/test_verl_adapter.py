@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandfleet.client import AsyncFleet
-from sandfleet.local.tools import ImageRef
+from sandfleet.local.artifacts import ImageRef
 from tests.support.servers import start_local_serve, stop_local_serve
 from tests.support.verl_without_gpu import install
 

@@ -9,7 +9,7 @@ import pytest
 
 from sandfleet.core import api
 from sandfleet.gateway.run_peers import KubePeers
-from sandfleet.kube.client import KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.config import api_client, load_configuration
 from tests.integration.gateway.conftest import REGIONS
 from tests.support.kube import Kubectl, wait_until

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from sandfleet.kube.client import KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.config import api_client, load_configuration
 from sandfleet.kube.informer import SYNC, Informer
 from tests.support.kube import Kubectl

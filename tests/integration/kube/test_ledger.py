@@ -24,7 +24,7 @@ from sandfleet.core.ledger import (
     ledger_object,
     stored_entries,
 )
-from sandfleet.kube.client import KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.config import api_client, load_configuration
 from sandfleet.kube.ledger import LedgerBook, LedgerUnavailable
 from tests.support.kube import Kubectl

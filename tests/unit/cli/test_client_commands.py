@@ -7,7 +7,7 @@ import tarfile
 from pathlib import Path
 
 from sandfleet.cli.client_commands import EVALUATE_EXIT, exec_notes, tar_of
-from sandfleet.client import Outcome
+from sandfleet.wire import Outcome
 
 
 def test_exec_says_when_output_was_cut_or_the_command_timed_out() -> None:
@@ -28,6 +28,11 @@ def test_a_directory_goes_as_tar_dot(tmp_path: Path) -> None:
 
 
 def test_every_outcome_has_its_exit_status() -> None:
-    assert set(EVALUATE_EXIT) == {str(outcome) for outcome in Outcome}
-    assert EVALUATE_EXIT["passed"] == 0
+    assert set(EVALUATE_EXIT) == set(Outcome)
+    assert {str(outcome): status for outcome, status in EVALUATE_EXIT.items()} == {
+        "passed": 0,
+        "failed": 1,
+        "timed_out": 124,
+        "infra_error": 3,
+    }
     assert len(set(EVALUATE_EXIT.values())) == len(EVALUATE_EXIT)

@@ -19,6 +19,7 @@ from sandfleet.cli.task_commands import task_builder_on_path
 
 task_builder_on_path()
 
+import build_cli  # noqa: E402
 import image_builder as ib  # noqa: E402
 import task_image as ti  # noqa: E402
 
@@ -160,6 +161,17 @@ def test_the_command_line_names_exactly_one_source(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ib.BuildError, match=message):
             ti.source_from_args(*args)
+
+
+def test_sandbox_image_build_reads_the_base_a_task_and_prune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SANDFLEET_DEBIAN_MIRROR", raising=False)
+    base = build_cli.parse_args([])
+    assert (base.command, base.mirror) == (None, ib.DEFAULT_MIRROR)  # no command: the base image
+    assert build_cli.parse_args(["--json", "prune"]).json
+    task = build_cli.parse_args(["task", "--name", "t1", "--workspace", str(tmp_path), "--setup", "make"])
+    assert (task.command, task.name, task.workspace, task.setup) == ("task", "t1", tmp_path, "make")
 
 
 def _tar(path: Path, members: dict[str, bytes]) -> Path:

@@ -14,9 +14,9 @@ from sandfleet.core import e2b
 
 
 def test_a_template_names_a_pool_or_an_image() -> None:
-    assert e2b.template_choice("python", ["python", "node"]) == e2b.Template("python", pool="python")
+    assert e2b.template_choice("python", ["python", "node"]) == e2b.E2BTemplate("python", pool="python")
     image = "registry.local/task:v1"
-    assert e2b.template_choice(image, ["python"]) == e2b.Template(image, image=image)
+    assert e2b.template_choice(image, ["python"]) == e2b.E2BTemplate(image, image=image)
     digest = "task@sha256:" + "0" * 64
     assert e2b.template_choice(digest, []).image == digest
 

@@ -13,7 +13,7 @@ from sandfleet.core.recycle import (
     RecyclePolicy,
     fingerprint_from_json,
     probe_problems,
-    recycle_verdict,
+    recycle_decision,
     reserved_to_drop,
 )
 
@@ -28,8 +28,8 @@ problems = st.one_of(st.none(), st.lists(st.text(min_size=1, max_size=20), max_s
 
 
 def test_a_run_s_young_sandbox_is_reset_then_warmed_when_its_probe_is_clean() -> None:
-    before = recycle_verdict(POLICY, run="r1", episodes=1, born_at=100, now=110)
-    after = recycle_verdict(POLICY, run="r1", episodes=1, born_at=100, now=111, probe=[])
+    before = recycle_decision(POLICY, run="r1", episodes=1, born_at=100, now=110)
+    after = recycle_decision(POLICY, run="r1", episodes=1, born_at=100, now=111, probe=[])
     assert before.recycle
     assert after.recycle
 
@@ -53,9 +53,9 @@ def test_everything_else_is_destroyed_and_says_why(
     probe: list[str] | None,
     reason: str,
 ) -> None:
-    verdict = recycle_verdict(policy, run=run, episodes=episodes, born_at=100, now=now, probe=probe)
-    assert not verdict.recycle
-    assert reason in verdict.reason
+    decision = recycle_decision(policy, run=run, episodes=episodes, born_at=100, now=now, probe=probe)
+    assert not decision.recycle
+    assert reason in decision.reason
 
 
 @given(policies, runs, st.integers(0, 100), st.floats(0, 1e6), st.floats(0, 1e6), problems)
@@ -67,12 +67,12 @@ def test_recycled_only_within_every_bound(
     now: float,
     probe: list[str] | None,
 ) -> None:
-    verdict = recycle_verdict(policy, run=run, episodes=episodes, born_at=born_at, now=now, probe=probe)
+    decision = recycle_decision(policy, run=run, episodes=episodes, born_at=born_at, now=now, probe=probe)
     within = bool(run) and episodes < policy.max_episodes and now - born_at < policy.max_seconds and not probe
-    assert verdict.recycle == within
-    assert verdict.reason
+    assert decision.recycle == within
+    assert decision.reason
     # Without a policy nothing is ever recycled, whatever else holds.
-    assert not recycle_verdict(
+    assert not recycle_decision(
         None, run=run, episodes=episodes, born_at=born_at, now=now, probe=probe
     ).recycle
 
@@ -81,7 +81,7 @@ def test_recycled_only_within_every_bound(
 def test_a_sandbox_serves_at_most_max_episodes(policy: RecyclePolicy, start: int, born_at: float) -> None:
     # Episode after episode of one run, each ending instantly: the K-th is never recycled.
     served = start
-    while recycle_verdict(policy, run="r", episodes=served, born_at=born_at, now=born_at).recycle:
+    while recycle_decision(policy, run="r", episodes=served, born_at=born_at, now=born_at).recycle:
         served += 1
     assert served == max(start, policy.max_episodes)
 

@@ -18,8 +18,8 @@ from sandfleet.core.quotas import CapacityError
 from sandfleet.gateway.leasing import LeaseRequest, LeaseService, UnknownName
 from sandfleet.gateway.local import LocalBackend
 from sandfleet.gateway.models import LeaseView
+from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.runtime import RunscSandbox
-from sandfleet.local.tools import ImageRef
 
 IMG = ImageRef(Path("/nonexistent"), "img", "sha256:" + "0" * 64)
 

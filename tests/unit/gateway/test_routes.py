@@ -25,7 +25,7 @@ from sandfleet.gateway.leasing import (
     UnknownName,
     WaitTimeout,
 )
-from sandfleet.gateway.models import Evaluation, Problem
+from sandfleet.gateway.models import EvaluateResponse, Problem
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for, validation_detail
 from sandfleet.gateway.routes.leases import granted_result, refused_result
@@ -226,7 +226,7 @@ def test_agent_responses_declare_what_the_agent_may_answer() -> None:
     )
     # The agent's refusals are reshaped into Problems by the proxy: one error shape on every route.
     assert listing[404]["model"] is Problem
-    assert agent_responses("POST", "/v1/evaluate")[200]["model"] is Evaluation
+    assert agent_responses("POST", "/v1/evaluate")[200]["model"] is EvaluateResponse
 
 
 def test_a_pool_is_listed_per_cluster_and_region() -> None:

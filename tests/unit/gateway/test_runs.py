@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandfleet.core.policy import publish
+from sandfleet.core.policy_versions import publish
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.metrics import GatewayMetrics

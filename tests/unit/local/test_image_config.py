@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sandfleet.local.artifacts import ImageRef, image_ref_from_json
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.image import read_image_config
-from sandfleet.local.tools import ImageRef, image_ref_from_json
 
 
 def _blob(layout: Path, document: dict[str, object]) -> str:

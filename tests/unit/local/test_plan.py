@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.core.pods import STARTUP_PHASES
+from sandfleet.local.artifacts import REF_NAME, image_ref_from_layout
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.plan import (
     MAX_PARALLEL_DEMAND_BOOTS,
@@ -21,7 +22,6 @@ from sandfleet.local.plan import (
     startup_phases,
     template_hash,
 )
-from sandfleet.local.tools import REF_NAME, image_ref_from_layout
 
 counts = st.integers(min_value=0, max_value=200)
 

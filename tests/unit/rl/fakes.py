@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandfleet.client import Evaluation, Lease, NotFound, SpanReport
-from sandfleet.rl.tasks import load_tasks
+from sandfleet.rl.catalogue_tasks import load_tasks
 from sandfleet.tasks.catalogue import Task
 
 

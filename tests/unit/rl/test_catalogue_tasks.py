@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sandfleet.rl.tasks import (
+from sandfleet.rl.catalogue_tasks import (
     DEFAULT_CATALOGUE,
     apply_edit,
     from_catalogue,

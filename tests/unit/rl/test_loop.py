@@ -8,10 +8,10 @@ from typing import cast
 import pytest
 
 from sandfleet.client import AsyncFleet, Forbidden, SandboxLost
+from sandfleet.rl.catalogue_tasks import load_tasks
 from sandfleet.rl.loop import Actor, Learner, LearnerClosed, LocalLink, LoopConfig, LoopStats, run_loop
 from sandfleet.rl.policy import Trajectory
 from sandfleet.rl.processes import release_own_leases, run_actors, stop_after
-from sandfleet.rl.tasks import load_tasks
 from tests.unit.rl.fakes import FakeFleet
 
 TASK = load_tasks()[0]  # the default catalogue's (tasks/ci.yaml)

@@ -20,24 +20,24 @@ from sandfleet.client import (
     SandfleetError,
     Unavailable,
 )
-from sandfleet.rl.outcomes import Verdict, is_infrastructure, verdict
+from sandfleet.rl.outcomes import TrainingDecision, is_infrastructure, training_decision
 
 REWARDS = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 
 
 @given(st.sampled_from(list(Outcome)), REWARDS)
 def test_only_infra_errors_are_kept_from_the_learner(outcome: Outcome, reward: float) -> None:
-    assert verdict(outcome, reward).train is (outcome is not Outcome.INFRA_ERROR)
+    assert training_decision(outcome, reward).train is (outcome is not Outcome.INFRA_ERROR)
 
 
 @given(REWARDS)
 def test_a_time_out_is_the_policys_zero_whatever_the_response_said(reward: float) -> None:
-    assert verdict(Outcome.TIMED_OUT, reward) == Verdict(train=True, reward=0.0)
+    assert training_decision(Outcome.TIMED_OUT, reward) == TrainingDecision(train=True, reward=0.0)
 
 
 @given(st.sampled_from([Outcome.PASSED, Outcome.FAILED]), REWARDS)
 def test_a_scored_episode_keeps_its_reward(outcome: Outcome, reward: float) -> None:
-    assert verdict(outcome, reward) == Verdict(train=True, reward=reward)
+    assert training_decision(outcome, reward) == TrainingDecision(train=True, reward=reward)
 
 
 # Each error, and whether it is the fleet's failure (masked) or the caller's mistake (an error to fix).

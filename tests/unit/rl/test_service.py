@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from sandfleet.client import AsyncFleet
+from sandfleet.rl.catalogue_tasks import load_tasks
 from sandfleet.rl.loop import Learner, LoopConfig, LoopStats
 from sandfleet.rl.policy import SoftmaxPolicy, Trajectory
 from sandfleet.rl.service import learner_app
-from sandfleet.rl.tasks import load_tasks
 from sandfleet.rl.transport import LearnerClient, LearnerUnavailable
 from tests.unit.rl.fakes import FakeFleet
 

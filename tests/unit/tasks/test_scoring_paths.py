@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sandfleet.cli.client_commands import _task_scoring
-from sandfleet.rl.tasks import DEFAULT_CATALOGUE, from_catalogue
+from sandfleet.rl.catalogue_tasks import DEFAULT_CATALOGUE, from_catalogue
 from sandfleet.tasks.catalogue import parse_catalogue
 
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandfleet.core.leases import LeaseError
-from sandfleet.core.policy import PolicyError
+from sandfleet.core.policy_versions import PolicyError
 from sandfleet.core.profile import ProfileError
 from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.allow import allowed_methods

@@ -24,6 +24,7 @@ from sandfleet.gateway.models import (
     Timings,
 )
 from sandfleet.gateway.routes.deps import Authed, Parts, PartsDep, RunName
+from sandfleet.wire import FRESH_KEY_HEADER
 
 router = APIRouter(tags=["leases"])
 
@@ -43,11 +44,6 @@ def granted_result(granted: Granted) -> str:
     if granted.boot_seconds > 0:
         return "cold"
     return "queued" if granted.position or granted.queue_seconds > 0.05 else "warm_hit"
-
-
-# Sent by a client on the first try of an idempotency key it made for the request (sandfleet.client):
-# no earlier attempt exists, so the gateway need not read back what one was answered with.
-FRESH_KEY_HEADER = "sandfleet-fresh-key"
 
 
 async def lease_request(

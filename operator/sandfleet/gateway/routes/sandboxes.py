@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from sandfleet.gateway.auth import Caller
-from sandfleet.gateway.models import Evaluation, Problem
+from sandfleet.gateway.models import EvaluateResponse, Problem
 from sandfleet.gateway.proxy import SandboxUnreachable
 from sandfleet.gateway.routes.deps import Authed, JobId, Parts, PartsDep
 from sandfleet.gateway.routes.errors import ERRORS
@@ -106,7 +106,10 @@ def agent_responses(method: str, agent_path: str) -> dict[int | str, dict[str, A
     if method == "POST" and agent_path == "/v1/jobs":
         responses[201] = {"description": "The job started: its status (job_id for the job routes)."}
     if agent_path == "/v1/evaluate":
-        responses[200] = {"model": Evaluation, "description": "The outcome, reward and per-test counts."}
+        responses[200] = {
+            "model": EvaluateResponse,
+            "description": "The outcome, reward and per-test counts.",
+        }
     if method in ("POST", "PUT"):
         responses[413] = {"description": "The body is larger than the agent accepts."}
     # The agent's refusals are reshaped into Problems (`source: sandbox`), like the gateway's own.

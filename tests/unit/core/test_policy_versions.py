@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.policy import PolicyError, RunPolicy, decide, publish, staleness
+from sandfleet.core.policy_versions import PolicyError, RunPolicy, decide, publish, staleness
 
 
 def test_first_publish_gets_defaults() -> None:
