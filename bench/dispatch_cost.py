@@ -8,7 +8,7 @@ pool stays at its size. Prints one JSON object.
     .venv/bin/python bench/dispatch_cost.py [--sizes 100 1000 10000] [--leases 2000]
 
 Each size is measured twice: plain acquires, and acquires carrying an idempotency key as the
-client's do (a retried acquire must find its earlier leases, which used to be a scan too).
+client's do (a retried acquire must find its earlier leases: an index lookup, not a scan of the pool).
 """
 
 from __future__ import annotations

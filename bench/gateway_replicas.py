@@ -200,7 +200,7 @@ def main() -> None:
         "burst_size": size,
         "repeats": repeats,
         "configs": medians,
-        # The before/after: the same 300-lease burst through 1 gateway, ledger over Pod store.
+        # What the ledger changes: the same 300-lease burst through 1 gateway, ledger over Pod store.
         "burst_p50_ledger_over_pod": round(ledger_1["p50_ms"] / pod_1["p50_ms"], 3),
         "burst_p50_ledger_over_pod_3_gateways": round(ledger_3["p50_ms"] / pod_3["p50_ms"], 3),
         "burst_p50_ms_ledger_3_gateways": ledger_3["p50_ms"],

@@ -141,9 +141,9 @@ RELEASE_ATTEMPTS = 6
 ACQUIRE_ATTEMPTS = 3
 # The clients run in this many processes, each connecting from a loopback address of its own: a
 # thousand trainers come from many addresses, and one address past the gateway's cap of open
-# connections per address (512) is refused. Before 2026-12-06 they were one process on one
-# address, with httpx: 488 of the 1,000 were refused at connect, and the run's 1,272 "acquire
-# ReadError"s measured that cap and the client, not the gateway.
+# connections per address (512) is refused. One process on one address measures that cap and the
+# client, not the gateway: run so (with httpx), 488 of the 1,000 were refused at connect and 1,272
+# acquires ended in a ReadError.
 CLIENT_PROCESSES = 4
 
 

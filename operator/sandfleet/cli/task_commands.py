@@ -1,7 +1,8 @@
-"""`sandfleet task`: build, mine and check tasks (the group; its commands live in their own modules)."""
+"""`sandfleet task`: the group, and `task build`; `mine` and `check` are in cli/task_factory_commands.py.
 
-# Created by T4 (task factory) with just the group, for T2 (`task build`) to fill in: add `build`
-# here; `mine` and `check` register themselves from cli/task_factory_commands.py.
+The group lives here and the factory's commands register themselves on it from their own module,
+which imports this one (this one never imports it, so there is no cycle).
+"""
 
 from __future__ import annotations
 

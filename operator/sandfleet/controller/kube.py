@@ -1,4 +1,4 @@
-"""The operator's calls on the Kubernetes API: Pod writes, pool status, Events, Leases, informers.
+"""The operator's calls on the Kubernetes API: Pod writes, pool status, Events, informers.
 
 All of it goes through sandfleet.kube (one client, one informer); this module only knows which paths
 and bodies the operator needs.
@@ -7,11 +7,12 @@ and bodies the operator needs.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from sandfleet.core import api
+from sandfleet.core.timestamps import format_micro_time
 from sandfleet.kube.api_calls import MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
@@ -26,10 +27,6 @@ POOL_SIZE = 128
 async def connect(pool_size: int = POOL_SIZE) -> ApiClient:
     """An API client from the kubeconfig, else the in-cluster identity; KubeConfigError without either."""
     return api_client(await load_configuration(), pool_size)
-
-
-def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Kube(KubeClient):
@@ -91,7 +88,7 @@ class Kube(KubeClient):
     ) -> None:
         """An Event on a pool: for what a user must know, never for every Pod."""
         namespace = involved["namespace"]
-        now = _now_rfc3339()
+        now = format_micro_time(time.time())
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -115,43 +112,3 @@ class Kube(KubeClient):
         }
         with contextlib.suppress(KubeError):
             await self.send("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
-
-    # -- leader election (coordination.k8s.io Leases) ------------------------------------------------
-
-    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.json(
-                "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-            )
-        except KubeError as error:
-            if error.status == 404:
-                return None
-            raise
-
-    async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> bool:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-        try:
-            await self.json("POST", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", body=body)
-            return True
-        except KubeError as error:
-            if error.status == 409:
-                return False
-            raise
-
-    async def replace_lease(self, namespace: str, lease: Mapping[str, Any]) -> bool:
-        """Write `lease` back; False when someone else wrote it first (resourceVersion conflict)."""
-        name = lease["metadata"]["name"]
-        try:
-            await self.json(
-                "PUT", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", body=lease
-            )
-            return True
-        except KubeError as error:
-            if error.status == 409:
-                return False
-            raise

@@ -1,4 +1,7 @@
-"""The operator's Prometheus metrics (names from the product brief; base units; no sandbox names)."""
+"""The operator's Prometheus metrics (docs/operator.md lists them; the dashboard queries them by name).
+
+Base units (seconds, counts), and no label holds a sandbox name: each would add series without bound.
+"""
 
 from __future__ import annotations
 

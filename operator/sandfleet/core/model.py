@@ -6,13 +6,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any, Final
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.recycle import RecyclePolicy
 from sandfleet.core.resources import Resources
+from sandfleet.core.timestamps import parse_time
 
 # Pods made for a per-image pre-warm carry this label, so they never stand in for the pool's own warm
 # sandboxes while a template change rolls out (they run another image).
@@ -407,15 +407,6 @@ def parse_share(value: object) -> float | None:
     except ValueError:
         return None
     return share if 0.0 <= share <= 1.0 else None
-
-
-def parse_time(value: str | datetime | None) -> float | None:
-    """Unix seconds from an RFC 3339 timestamp as the apiserver writes them (or a parsed one)."""
-    if isinstance(value, datetime):
-        return value.timestamp()
-    if not value:
-        return None
-    return datetime.fromisoformat(value).timestamp()
 
 
 def prewarm_from_object(body: Mapping[str, Any], now: float) -> Prewarm:

@@ -21,9 +21,9 @@ from sandfleet.core.model import (
     Taint,
     Template,
     image_key,
-    parse_time,
 )
 from sandfleet.core.resources import Resources
+from sandfleet.core.timestamps import parse_time
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 STARTUP_PHASES = ("scheduled", "started", "ready", "total")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sandfleet.core.model import PoolSpec
 from sandfleet.core.planner import PoolPlan
 from sandfleet.core.pods import pool_selector
+from sandfleet.core.timestamps import format_time
 
 READY = "Ready"
 DEGRADED = "Degraded"
@@ -28,10 +28,6 @@ class Transition:
     message: str
 
 
-def _timestamp(now: float) -> str:
-    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def conditions(pool: PoolSpec, plan: PoolPlan, now: float) -> list[dict[str, Any]]:
     """The three conditions, without transition times (see `merge_conditions`)."""
     ready_total = plan.ready
@@ -45,7 +41,7 @@ def conditions(pool: PoolSpec, plan: PoolPlan, now: float) -> list[dict[str, Any
             "True",
             "CreatesRefused",
             f"the apiserver refused this pool's sandbox Pods {failures.streak} passes in a row, last: "
-            f"{failures.refusal[:REFUSAL_CHARS]}; next attempt at {_timestamp(failures.next_attempt_at())}. "
+            f"{failures.refusal[:REFUSAL_CHARS]}; next attempt at {format_time(failures.next_attempt_at())}. "
             "Check the namespace's ServiceAccount, quotas and admission policies.",
         )
     elif failures.degraded:
@@ -55,7 +51,7 @@ def conditions(pool: PoolSpec, plan: PoolPlan, now: float) -> list[dict[str, Any
             "SandboxesNotReady",
             f"{failures.streak} sandboxes in a row failed or were not Ready within "
             f"{pool.template.readiness_deadline_seconds}s (template {failures.template_hash}); "
-            f"replacing one at a time, next attempt at {_timestamp(failures.next_attempt_at())}. "
+            f"replacing one at a time, next attempt at {format_time(failures.next_attempt_at())}. "
             "Check the image, runtimeClassName and node capacity.",
         )
     else:
@@ -99,10 +95,10 @@ def merge_conditions(
         old = before.get(condition["type"])
         if old is not None and old.get("status") == condition["status"]:
             merged.append(
-                {**condition, "lastTransitionTime": old.get("lastTransitionTime") or _timestamp(now)}
+                {**condition, "lastTransitionTime": old.get("lastTransitionTime") or format_time(now)}
             )
             continue
-        merged.append({**condition, "lastTransitionTime": _timestamp(now)})
+        merged.append({**condition, "lastTransitionTime": format_time(now)})
         if old is not None or condition["status"] == "True":
             transitions.append(
                 Transition(condition["type"], condition["status"], condition["reason"], condition["message"])

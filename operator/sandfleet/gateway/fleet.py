@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from prometheus_client.registry import Collector
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from sandfleet.core.fleet import MemberHealth, MemberOffer, member_shares, observe, split_count, withdraw
 from sandfleet.core.leases import LeaseRecord
@@ -143,20 +144,20 @@ class FleetBackend(IndexedReads):
         await asyncio.wait_for(self.synced.wait(), timeout=sync_timeout)
 
     async def _start_member(self, member: Member, sync_timeout: float) -> None:
-        while True:
-            try:
-                await member.backend.start(sync_timeout)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # unreachable at start: the others serve meanwhile
-                log.warning("member cluster %s did not start (%s); retrying", member.name, error)
-                with contextlib.suppress(Exception):
-                    await member.backend.stop()
-                await asyncio.sleep(START_RETRY_SECONDS)
-                continue
-            member.started = True
-            self.synced.set()
-            return
+        async def stop_before_retrying(attempt: RetryCallState) -> None:
+            error = attempt.outcome.exception() if attempt.outcome is not None else None
+            log.warning("member cluster %s did not start (%s); retrying", member.name, error)
+            with contextlib.suppress(Exception):
+                await member.backend.stop()
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Exception),  # unreachable at start: the others serve meanwhile
+            wait=wait_fixed(START_RETRY_SECONDS),
+            before_sleep=stop_before_retrying,
+        )
+        await retrying(member.backend.start, sync_timeout)
+        member.started = True
+        self.synced.set()
 
     async def _watch_members(self) -> None:
         while True:

@@ -9,7 +9,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from sandfleet.core import api, model
@@ -26,6 +25,7 @@ from sandfleet.core.model import SandboxPod, image_key, lease_cluster, lease_id,
 from sandfleet.core.partition import owner, shard_owner
 from sandfleet.core.pods import sandbox_from_pod
 from sandfleet.core.recycle import recycle_decision
+from sandfleet.core.timestamps import format_time
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
 from sandfleet.gateway.kube_members import GatewayMembers
 from sandfleet.gateway.recycling import AgentResets
@@ -286,7 +286,7 @@ class KubeBackend(IndexedReads):
         re-apply of identical content would not count as a write).
         """
         name = f"{pool}-{image_key(image)}"[:253]
-        expires = datetime.fromtimestamp(time.time() + ttl_seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        expires = format_time(time.time() + ttl_seconds)
         body = {
             "apiVersion": api.API_VERSION,
             "kind": api.PREWARM_KIND,

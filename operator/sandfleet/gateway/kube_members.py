@@ -16,7 +16,6 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -24,13 +23,12 @@ from prometheus_client.registry import Collector
 
 from sandfleet.core import api
 from sandfleet.core.partition import live_members
-from sandfleet.kube.api_calls import MERGE_PATCH, KubeClient
+from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.errors import KubeError
+from sandfleet.kube.heartbeat import OwnLease
 from sandfleet.kube.informer import SYNC, Informer
 
 log = logging.getLogger(__name__)
-
-LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
 def default_identity() -> str:
@@ -44,12 +42,11 @@ def lease_name(identity: str) -> str:
     return f"sandfleet-gateway-{slug}"
 
 
-def _micro_time() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class GatewayMembers:
-    """Renews this replica's Lease and watches the others'; tells `on_change` the live replicas."""
+    """Renews this replica's Lease and watches the others'; tells `on_change` the live replicas.
+
+    The renewing is sandfleet.kube.heartbeat's `OwnLease`; the watching, an Informer on the label.
+    """
 
     def __init__(
         self,
@@ -61,13 +58,24 @@ class GatewayMembers:
         renew_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.kube = kube
-        self.path = LEASES.format(namespace=namespace)
         self.identity = identity
         self.name = lease_name(identity)
+        self.lease = OwnLease(
+            kube,
+            namespace,
+            self.name,
+            identity,
+            labels={api.GATEWAY_MEMBER_LABEL: "true"},
+            what=f"gateway membership: cannot renew {self.name}",
+            lease_seconds=lease_seconds,
+            renew_seconds=renew_seconds,
+            logger=log,
+            clock=clock,
+        )
+        self.kube = kube
+        self.path = self.lease.path
         self.on_change = on_change
         self.lease_seconds = lease_seconds
-        self.renew_seconds = renew_seconds
         self.clock = clock
         self.members: tuple[str, ...] = (identity,)
         self._last_seen: dict[str, float] = {}
@@ -84,7 +92,8 @@ class GatewayMembers:
             query={"labelSelector": api.GATEWAY_MEMBER_LABEL},
             resource="leases",
         )
-        self._tasks = [asyncio.create_task(informer.run()), asyncio.create_task(self._renew_forever())]
+        renewing = self.lease.run(then=self._forget_the_dead, after=lambda _: self._recount())
+        self._tasks = [asyncio.create_task(informer.run()), asyncio.create_task(renewing)]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -94,17 +103,7 @@ class GatewayMembers:
                 await task
         # Leave at once, so the others take this replica's share now rather than after a lease.
         with contextlib.suppress(KubeError, OSError, TimeoutError):
-            await self.kube.send("DELETE", f"{self.path}/{self.name}")
-
-    async def _renew_forever(self) -> None:
-        while True:
-            try:
-                await self._renew()
-                await self._forget_the_dead()
-            except (KubeError, OSError, TimeoutError) as error:
-                log.warning("gateway membership: cannot renew %s: %s", self.name, error)
-            self._recount()
-            await asyncio.sleep(self.renew_seconds)
+            await self.lease.release()
 
     async def _forget_the_dead(self) -> None:
         """Delete the Leases of replicas silent for two lease durations (a crashed Pod leaves its own)."""
@@ -115,28 +114,7 @@ class GatewayMembers:
                 name = self._lease_names.pop(holder, None)
                 if name is not None:
                     with contextlib.suppress(KubeError):  # another replica deleted it first
-                        await self.kube.send("DELETE", f"{self.path}/{name}")
-
-    async def _renew(self) -> None:
-        spec = {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": int(self.lease_seconds),
-            "renewTime": _micro_time(),
-        }
-        try:
-            await self.kube.send(
-                "PATCH", f"{self.path}/{self.name}", body={"spec": spec}, content_type=MERGE_PATCH
-            )
-        except KubeError as error:
-            if error.status != 404:
-                raise
-            body = {
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": {"name": self.name, "labels": {api.GATEWAY_MEMBER_LABEL: "true"}},
-                "spec": spec,
-            }
-            await self.kube.send("POST", self.path, body=body)
+                        await self.lease.forget(name)
 
     def _on_lease(self, kind: str, lease: dict[str, Any]) -> None:
         if kind == SYNC:

@@ -15,6 +15,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from tenacity import AsyncRetrying, RetryError, TryAgain, retry_never, stop_after_attempt
+
 from sandfleet.core import api
 from sandfleet.core.lease_keys import (
     KeyOwner,
@@ -135,6 +137,7 @@ class LeaseRequest:
 
 MAX_READY_TIMES = 100_000  # sandboxes whose first warm moment is remembered (for boot time)
 MAX_STALE = 100_000  # lost claims remembered (a deleted Pod's entry would otherwise stay forever)
+RENEW_ATTEMPTS = 5  # writes of a renewal, each lost to another writer, before the caller is told to retry
 
 
 @dataclass(frozen=True)
@@ -757,16 +760,24 @@ class LeaseService:
         return lease, sandbox
 
     async def renew(self, lease_id: str, holder: str, ttl_seconds: int | None) -> LeaseRecord:
-        for _ in range(5):
-            lease, sandbox = await self.current(lease_id, holder)
-            pool = self.backend.pool(lease.pool)
-            max_ttl = pool.max_ttl_seconds if pool else lease.ttl_seconds
-            ttl = choose_ttl(ttl_seconds, lease.ttl_seconds, max_ttl)
-            renewed = lease.renewed(self.clock(), ttl)
-            if await self.backend.write_lease(sandbox, renewed) is not None:
-                return renewed
-            await self.backend.fresh(lease_id)  # somebody else wrote it: read and try again
-        raise LeaseError(f"lease {lease_id!r} is being changed by someone else; retry")
+        # Read and written again after a lost write (TryAgain), at once; RENEW_ATTEMPTS lost is a LeaseError.
+        retrying = AsyncRetrying(retry=retry_never, stop=stop_after_attempt(RENEW_ATTEMPTS))
+        try:
+            renewed: LeaseRecord = await retrying(self._renew_once, lease_id, holder, ttl_seconds)
+        except RetryError:
+            raise LeaseError(f"lease {lease_id!r} is being changed by someone else; retry") from None
+        return renewed
+
+    async def _renew_once(self, lease_id: str, holder: str, ttl_seconds: int | None) -> LeaseRecord:
+        lease, sandbox = await self.current(lease_id, holder)
+        pool = self.backend.pool(lease.pool)
+        max_ttl = pool.max_ttl_seconds if pool else lease.ttl_seconds
+        ttl = choose_ttl(ttl_seconds, lease.ttl_seconds, max_ttl)
+        renewed = lease.renewed(self.clock(), ttl)
+        if await self.backend.write_lease(sandbox, renewed) is not None:
+            return renewed
+        await self.backend.fresh(lease_id)  # somebody else wrote it: read and try again
+        raise TryAgain
 
     async def release(self, lease_id: str, holder: str) -> bool:
         """Release a lease; True if this call released it, False if it had already ended."""

@@ -1,4 +1,7 @@
-"""The gateway's Prometheus metrics (names from the product brief; no lease ids or sandbox names)."""
+"""The gateway's Prometheus metrics (docs/gateway.md lists them; the dashboard queries them by name).
+
+No label holds a lease id or a sandbox name: each would add series without bound.
+"""
 
 from __future__ import annotations
 

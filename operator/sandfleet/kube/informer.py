@@ -6,12 +6,12 @@ Consumers see `on_event("SYNC", {})` when a (re)list begins, `ADDED` for every l
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from sandfleet.kube.api_calls import LIST_TIMEOUT, WATCH_SECONDS, WATCH_TIMEOUT, KubeClient
 from sandfleet.kube.errors import Gone, KubeError
@@ -42,7 +42,7 @@ class Informer:
         *,
         query: Mapping[str, str] | None = None,
         resource: str | None = None,
-        backoff: Backoff | None = None,
+        backoff: Callable[[RetryCallState], float] | None = None,  # the wait before a retry
         page_size: int = LIST_PAGE,
     ) -> None:
         self.kube = kube
@@ -51,40 +51,66 @@ class Informer:
         self.on_synced = on_synced
         self.query = dict(query or {})
         self.resource = resource or path.rsplit("/", 1)[-1]
-        self.backoff = backoff or Backoff()
+        self.backoff: Callable[[RetryCallState], float] = backoff or Backoff()
         self.page_size = page_size
         self.connected = False  # whether the last list succeeded and no failure followed
+        self._version: str | None = None  # where the watch resumes (None: list first)
+        self._reason = ""  # why the next list is made (the relists metric's label)
 
     async def run(self) -> None:
-        reason = "start"
-        while True:  # until cancelled
-            try:
-                version = await self._list(reason)
-                self.on_synced()
-                self.connected = True
-                self.backoff.reset()
-                while True:
-                    version = await self._watch(version)
-            except asyncio.CancelledError:
-                raise
-            except Gone:
-                log.info("watch on %s: history gone (410); relisting", self.path)
-                reason = "gone"
-            except RETRIED as error:
-                reason = "failure"
-                await self._back_off(f"watch on {self.path} failed ({error})")
-            except Exception:
-                # A bug in a consumer must not silently end the watch: its cache would go stale forever.
-                log.exception("watch on %s broke", self.path)
-                reason = "failure"
-                await self._back_off(f"watch on {self.path} broke")
+        """List, then watch from where the list left off, until cancelled.
 
-    async def _back_off(self, what: str) -> None:
+        A 410 relists at once; any other failure backs off first. Each list that succeeds ends a
+        round of tries, so the backoff after the next failure starts again from its shortest wait.
+        """
+        self._version, self._reason = None, "start"
+        while True:  # until cancelled
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(Exception),  # a consumer's bug too: its cache must not go stale
+                wait=self._wait,
+                before_sleep=self._failed,
+            )
+            await retrying(self._resume)
+
+    async def _resume(self) -> None:
+        """Watch from the last version until the watch fails; list when there is none (or a 410 says so)."""
+        if self._version is not None:
+            try:
+                while True:
+                    self._version = await self._watch(self._version)
+            except Gone:
+                self._relisting()
+            finally:
+                self._version = None
+        version = await self._list(self._reason)
+        self.on_synced()
+        self.connected = True
+        self._version = version
+
+    def _wait(self, retry_state: RetryCallState) -> float:
+        """No wait before relisting after a 410; the backoff after anything else."""
+        failed = retry_state.outcome.exception() if retry_state.outcome is not None else None
+        return 0.0 if isinstance(failed, Gone) else self.backoff(retry_state)
+
+    def _failed(self, retry_state: RetryCallState) -> None:
+        failed = retry_state.outcome.exception() if retry_state.outcome is not None else None
+        if isinstance(failed, Gone):
+            self._relisting()
+            return
+        self._reason = "failure"
+        if isinstance(failed, RETRIED):
+            what = f"watch on {self.path} failed ({failed})"
+        else:
+            # A bug in a consumer must not silently end the watch: its cache would go stale forever.
+            log.error("watch on %s broke", self.path, exc_info=failed)
+            what = f"watch on {self.path} broke"
         self.connected = False
         RESTARTS.labels(self.resource).inc()
-        delay = self.backoff.next()
-        log.warning("%s; retrying in %.1fs", what, delay)
-        await asyncio.sleep(delay)
+        log.warning("%s; retrying in %.1fs", what, retry_state.upcoming_sleep)
+
+    def _relisting(self) -> None:
+        log.info("watch on %s: history gone (410); relisting", self.path)
+        self._reason = "gone"
 
     async def _list(self, reason: str) -> str:
         """List every page, feeding each object as ADDED; the resourceVersion to watch from."""

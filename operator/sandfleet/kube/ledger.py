@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from tenacity import AsyncRetrying, RetryError, TryAgain, retry_never, stop_after_attempt
 
 from sandfleet.core import api
 from sandfleet.core.ledger import (
@@ -246,69 +247,73 @@ class LedgerBook:
         namespace, name = key
         ops = [op for op, _ in batch]
         LEDGER_BATCH.observe(len(ops))
-        error: BaseException | None = None
-        for _ in range(MAX_ATTEMPTS):
-            ledger = shard.ledger
-            if shard.unreadable:
-                error = LedgerUnavailable(f"ledger {ledger_name(name)} in {namespace} cannot be read")
-                break
-            before = ledger.entries if ledger is not None else {}
-            gone = {pod: at for pod, at in shard.gone.items() if pod in before}
-            decision = decide(before, ops, self.clock(), gone)
-            if not decision.changes:
-                _settle(batch, decision.results)
-                return
-            entries, raw = apply_changes(before, shard.raw, decision.changes)
-            if ledger is None:
-                body = ledger_object(namespace, name, entries, raw)
-            else:
-                body = ledger_patch(ledger.resource_version, name, entries, raw)
-            shard.writing = _Written(body["spec"]["entries"], entries, raw, frozenset(decision.changes))
-            try:
-                if ledger is None:
-                    obj = await self.kube.json("POST", self._collection(namespace), body=body)
-                else:
-                    obj = await self.kube.json(
-                        "PATCH", self._item(namespace, name), body=body, content_type=MERGE_PATCH
-                    )
-            except KubeError as failed:
-                shard.writing = None
-                if failed.status == 409:  # somebody wrote (or created) it first
-                    LEDGER_WRITES.labels("conflict").inc()
-                    try:
-                        await self.read(namespace, name)
-                    except (KubeError, TimeoutError, OSError, aiohttp.ClientError) as unread:
-                        error = unread
-                        break
-                    continue
-                if failed.status == 404 and ledger is not None:  # deleted under us: create afresh
-                    shard.ledger, shard.raw = None, {}
-                    continue
-                error = failed
-                break
-            except (TimeoutError, OSError, aiohttp.ClientError) as failed:
-                shard.writing = None
-                error = failed
-                break
-            shard.writing = None
-            LEDGER_WRITES.labels("committed").inc()
-            self.writes += 1
-            for pod, change in decision.changes.items():
-                if change is None:
-                    shard.gone.pop(pod, None)
-            # What it holds now is what we wrote (the write was conditional on what we read): no
-            # need to decode it again from the answer.
-            version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-            self._keep(key, Ledger(namespace, name, version, entries), raw, set(decision.changes))
-            _settle(batch, decision.results)
+        # Decided and written again after a conflict (TryAgain), at once; any other failure ends it.
+        retrying = AsyncRetrying(retry=retry_never, stop=stop_after_attempt(MAX_ATTEMPTS))
+        try:
+            await retrying(self._write_once, key, shard, batch)
             return
+        except RetryError:
+            reason = f"{MAX_ATTEMPTS} conflicts in a row"
+        except (LedgerUnavailable, KubeError, TimeoutError, OSError, aiohttp.ClientError) as error:
+            reason = f"{type(error).__name__}: {error}"
         LEDGER_WRITES.labels("failed").inc()
-        reason = f"{type(error).__name__}: {error}" if error else f"{MAX_ATTEMPTS} conflicts in a row"
         log.warning("ledger %s/%s: a write of %d operations failed (%s)", namespace, name, len(ops), reason)
         unavailable = LedgerUnavailable(f"the lease ledger could not be written ({reason}); retry shortly")
         for _, future in batch:
             if not future.done():
                 future.set_exception(unavailable)
+
+    async def _write_once(
+        self, key: ShardKey, shard: _Shard, batch: list[tuple[Op, asyncio.Future[LedgerEntry | None]]]
+    ) -> None:
+        """Decide the batch against the ledger as last read and write it; TryAgain after a conflict."""
+        namespace, name = key
+        ledger = shard.ledger
+        if shard.unreadable:
+            raise LedgerUnavailable(f"ledger {ledger_name(name)} in {namespace} cannot be read")
+        before = ledger.entries if ledger is not None else {}
+        gone = {pod: at for pod, at in shard.gone.items() if pod in before}
+        decision = decide(before, [op for op, _ in batch], self.clock(), gone)
+        if not decision.changes:
+            _settle(batch, decision.results)
+            return
+        entries, raw = apply_changes(before, shard.raw, decision.changes)
+        if ledger is None:
+            body = ledger_object(namespace, name, entries, raw)
+        else:
+            body = ledger_patch(ledger.resource_version, name, entries, raw)
+        shard.writing = _Written(body["spec"]["entries"], entries, raw, frozenset(decision.changes))
+        try:
+            if ledger is None:
+                obj = await self.kube.json("POST", self._collection(namespace), body=body)
+            else:
+                obj = await self.kube.json(
+                    "PATCH", self._item(namespace, name), body=body, content_type=MERGE_PATCH
+                )
+        except KubeError as failed:
+            shard.writing = None
+            if failed.status == 409:  # somebody wrote (or created) it first
+                LEDGER_WRITES.labels("conflict").inc()
+                await self.read(namespace, name)  # a failed read ends the commit
+                raise TryAgain from None
+            if failed.status == 404 and ledger is not None:  # deleted under us: create afresh
+                shard.ledger, shard.raw = None, {}
+                raise TryAgain from None
+            raise
+        except (TimeoutError, OSError, aiohttp.ClientError):
+            shard.writing = None
+            raise
+        shard.writing = None
+        LEDGER_WRITES.labels("committed").inc()
+        self.writes += 1
+        for pod, change in decision.changes.items():
+            if change is None:
+                shard.gone.pop(pod, None)
+        # What it holds now is what we wrote (the write was conditional on what we read): no
+        # need to decode it again from the answer.
+        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        self._keep(key, Ledger(namespace, name, version, entries), raw, set(decision.changes))
+        _settle(batch, decision.results)
 
     # -- the watch -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The informer's pure parts: splitting a chunked stream into lines, reading one event, backing off."""
+"""The informer's pure parts: splitting a chunked stream into lines, reading one event, the backoff."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tenacity import RetryCallState, wait_exponential
+from tenacity.wait import wait_base
 
 from sandfleet.kube.errors import Gone, KubeError
 
@@ -64,10 +67,11 @@ def read_event(line: bytes, version: str) -> WatchEvent:
     return WatchEvent(kind, obj, resumed)
 
 
-@dataclass
-class Backoff:
-    """Exponential backoff with jitter: waits in [d, 2d) with d doubling from `base` up to `cap`.
+@dataclass(frozen=True)
+class Backoff(wait_base):
+    """Exponential backoff with jitter, as a tenacity wait: waits in [d, 2d), d doubling from `base` to `cap`.
 
+    d is `base` before the second try of a round of tries, twice that before the third, and so on.
     The cap is low on purpose: after an apiserver restart every watcher must see the cluster again
     within seconds; the jitter keeps replicas from coming back in lockstep.
     """
@@ -75,16 +79,7 @@ class Backoff:
     base: float = 0.5
     cap: float = 5.0
     rand: Callable[[], float] = field(default=random.random)
-    _current: float = field(init=False, default=0.0)
 
-    def __post_init__(self) -> None:
-        self._current = self.base
-
-    def next(self) -> float:
-        """The next wait, and double the one after."""
-        delay = self._current + self.rand() * self._current
-        self._current = min(self.cap, self._current * 2)
-        return delay
-
-    def reset(self) -> None:
-        self._current = self.base
+    def __call__(self, retry_state: RetryCallState) -> float:
+        delay = wait_exponential(multiplier=self.base, max=self.cap)(retry_state)
+        return delay + self.rand() * delay

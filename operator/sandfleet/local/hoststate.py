@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_fixed
+
 from sandfleet.local.commands import run_command
 from sandfleet.local.network import SlotTable, delete_network
 
@@ -119,11 +121,21 @@ def remove_cgroups(container_prefix: str) -> int:
 
 async def remove_cgroups_settled(container_prefix: str, timeout_s: float = EXIT_WAIT_SECONDS) -> int:
     """remove_cgroups, again while some are busy (a process still leaving them), up to `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    removed = remove_cgroups(container_prefix)
-    while _cgroups(container_prefix) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+    removed = 0
+
+    async def remove() -> bool:
+        """Remove what can be; whether some are left."""
+        nonlocal removed
         removed += remove_cgroups(container_prefix)
+        return bool(_cgroups(container_prefix))
+
+    retrying = AsyncRetrying(
+        retry=retry_if_result(bool),
+        wait=wait_fixed(0.1),
+        stop=stop_after_delay(timeout_s),
+        retry_error_callback=lambda _: None,  # those still busy at the timeout are left
+    )
+    await retrying(remove)
     return removed
 
 

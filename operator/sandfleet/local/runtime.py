@@ -32,6 +32,14 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_before_delay,
+    wait_fixed,
+)
 
 from sandfleet.core.addressing import DEFAULT_SUBNET
 from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token, new_fleet_key
@@ -148,6 +156,11 @@ class ResetFailed(LocalRuntimeError):
 
 def _golden_key(spec: SandboxSpec, image: ImageRef) -> tuple[object, ...]:
     return (image.digest, spec.limits, tuple(sorted(spec.env.items())), spec.allow_host_ports)
+
+
+def _not_ready(response: httpx.Response) -> bool:
+    """An answer to /v1/ready that says to ask again (the agent is up but not ready yet)."""
+    return response.status_code != 200
 
 
 @dataclass(frozen=True)
@@ -609,22 +622,21 @@ class LocalRuntime:
 
     async def _wait_ready(self, sandbox: RunscSandbox) -> None:
         assert self._client is not None
-        deadline = time.monotonic() + self.ready_timeout_s
-        url = f"{sandbox.url}/v1/ready"
-        last_problem = "no answer yet"
-        while time.monotonic() < deadline:
-            try:
-                response = await self._client.get(url)
-                if response.status_code == 200:
-                    return
-                last_problem = f"/v1/ready answered {response.status_code}"
-            except httpx.TransportError as error:
-                last_problem = f"{type(error).__name__}"
-            await asyncio.sleep(READY_POLL_S)
-        raise LocalRuntimeError(
-            f"sandbox {sandbox.id} was not ready within {self.ready_timeout_s:.0f} s ({last_problem}); "
-            f"agent log: {self._log_tail(sandbox)}"
+        polling = AsyncRetrying(
+            retry=retry_if_exception_type(httpx.TransportError) | retry_if_result(_not_ready),
+            wait=wait_fixed(READY_POLL_S),
+            stop=stop_before_delay(self.ready_timeout_s),  # no poll starts after the timeout
         )
+        try:
+            await polling(self._client.get, f"{sandbox.url}/v1/ready")
+        except RetryError as gave_up:
+            last = gave_up.last_attempt
+            error = last.exception()
+            problem = type(error).__name__ if error else f"/v1/ready answered {last.result().status_code}"
+            raise LocalRuntimeError(
+                f"sandbox {sandbox.id} was not ready within {self.ready_timeout_s:.0f} s ({problem}); "
+                f"agent log: {self._log_tail(sandbox)}"
+            ) from None
 
     def _log_tail(self, sandbox: RunscSandbox) -> str:
         output = self._outputs.get(sandbox.id)

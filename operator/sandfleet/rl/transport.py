@@ -7,10 +7,18 @@ The endpoint itself is `sandfleet.rl.service`; this is the `PolicyLink` actors u
 
 from __future__ import annotations
 
-import asyncio
+from concurrent.futures import Future
 from typing import Any
 
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from sandfleet.rl.policy import SoftmaxPolicy, Trajectory
 
@@ -21,6 +29,20 @@ STATS_PATH = "/v1/stats"
 
 class LearnerUnavailable(RuntimeError):
     """The learner did not answer (or refused) after the retries."""
+
+
+def _busy(response: httpx.Response) -> bool:
+    """A 429 or 503: the learner is starting, busy or restarting, and the call is worth repeating."""
+    return response.status_code in (429, 503)
+
+
+def _problem(attempt: Future[httpx.Response]) -> str:
+    """What went wrong with the last try: the learner's busy answer, or the connection's error."""
+    error = attempt.exception()
+    if error is not None:
+        return f"{type(error).__name__}: {error}"
+    response = attempt.result()
+    return f"HTTP {response.status_code}: {response.text[:200]}"
 
 
 class LearnerClient:
@@ -47,24 +69,22 @@ class LearnerClient:
 
     async def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
         """One call, retried on connection errors, 429 and 503 (a learner starting, busy or restarting)."""
-        attempt = 0
-        while True:
-            try:
-                response = await self.http.request(method, path, **options)
-                if response.status_code not in (429, 503):
-                    response.raise_for_status()
-                    return response
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
-            except httpx.TransportError as error:
-                problem = f"{type(error).__name__}: {error}"
-            except httpx.HTTPStatusError as error:
-                raise LearnerUnavailable(
-                    f"the learner at {self.url} refused {method} {path}: {error}"
-                ) from None
-            attempt += 1
-            if attempt > self.retries:
-                raise LearnerUnavailable(f"the learner at {self.url} did not take {method} {path}: {problem}")
-            await asyncio.sleep(min(0.2 * 2**attempt, 3.0))
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(httpx.TransportError) | retry_if_result(_busy),
+            stop=stop_after_attempt(1 + self.retries),
+            wait=wait_exponential(multiplier=0.4, max=3.0),  # 0.4 s, 0.8 s, 1.6 s, then 3 s
+        )
+        try:
+            response: httpx.Response = await retrying(self.http.request, method, path, **options)
+        except RetryError as gave_up:
+            raise LearnerUnavailable(
+                f"the learner at {self.url} did not take {method} {path}: {_problem(gave_up.last_attempt)}"
+            ) from None
+        try:
+            response.raise_for_status()
+        except httpx.HTTPStatusError as error:
+            raise LearnerUnavailable(f"the learner at {self.url} refused {method} {path}: {error}") from None
+        return response
 
     async def weights(self) -> SoftmaxPolicy:
         """The newest published weights; a 204 (nothing newer than ours) keeps the cached copy."""

@@ -81,8 +81,8 @@ def test_each_task_is_broken_and_its_own_tests_reward_the_fix(tasks_gateway: str
 
 
 def test_large_files_read_whole_through_the_gateway(tasks_gateway: str) -> None:
-    # Regression: body-less GETs were forwarded as empty chunked bodies; the agent then reset the
-    # connection and large responses (over 100 kB, a package's data module) were cut off.
+    # A body-less GET must reach the agent without a body: forwarded as an empty chunked body, the
+    # agent resets the connection and large responses (over 100 kB, a package's data module) are cut off.
     with Fleet(tasks_gateway, retries=0) as fleet, fleet.lease("tasks") as sandbox:
         found = sandbox.exec(["find", "/workspace/tasks", "-type", "f", "-size", "+100k", "-print", "-quit"])
         path = found.stdout.strip()

@@ -45,7 +45,7 @@ PORTS = {
     "SCHEDULER": 21259,
     "KWOK": 21247,
 }
-# What the product promises a holder of a lease on a lost member (issue #17): an error within 15 s.
+# What a holder of a lease on a lost member is promised (docs/multi-cluster.md): an error within 15 s.
 LOST_WITHIN_SECONDS = 15.0
 
 

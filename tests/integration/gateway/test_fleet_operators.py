@@ -1,6 +1,6 @@
 """A fleet of three member clusters, each with its own operator, under one gateway and one Prometheus.
 
-What the fleet promises with real operators in every member (issue #17): each pool's warm target
+What the fleet promises with real operators in every member (docs/multi-cluster.md): each pool's warm target
 is split over the members by weight and held to what each member's nodes can take (a member short
 of nodes gives its part to the others, and gets it back); a member lost in the middle of a lease
 load costs only its own leases, each with a clear error, while the survivors serve without one

@@ -17,11 +17,11 @@ from sandfleet.core.model import (
     PoolSpec,
     RegionSpec,
     Template,
-    parse_time,
     pool_from_object,
     prewarm_from_object,
 )
 from sandfleet.core.recycle import RecyclePolicy
+from sandfleet.core.timestamps import parse_time
 
 CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crds"
 

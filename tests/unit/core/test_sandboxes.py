@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given
@@ -19,7 +18,6 @@ from sandfleet.core.model import (
     lease_episode,
     lease_id,
     object_key,
-    parse_time,
     sandbox_key,
     split_lease_id,
 )
@@ -190,13 +188,6 @@ def test_the_lease_expiry_is_read_from_the_lease_record_old_pods_included() -> N
     assert not lease_expired(sandbox.lease_expires_at, 159.9)
     assert lease_expired(sandbox.lease_expires_at, 160.0)
     assert not lease_expired(sandbox_from_pod(pod()).lease_expires_at, 1e12)  # type: ignore[union-attr]
-
-
-def test_timestamps_parse_from_text_or_parsed() -> None:
-    text = "2026-11-29T12:00:00Z"
-    assert parse_time(text) == parse_time(datetime(2026, 11, 29, 12, tzinfo=UTC)) == 1795953600.0
-    assert parse_time(None) is None
-    assert parse_time("") is None
 
 
 @given(

@@ -273,8 +273,8 @@ async def test_a_retry_at_a_replica_whose_watch_lags_gets_the_whole_answer() -> 
 
 
 async def test_a_key_in_use_for_another_request_is_refused_and_changes_nothing() -> None:
-    # Found by the lease state machine: count 1 under a key, then count 2 under it, freed the one
-    # lease the holder had been answered with when the second could not be met.
+    # Count 1 under a key, then count 2 under it: the second is refused, and it must not free the
+    # one lease the holder was answered with (a sequence test_lease_state_machine.py can draw).
     backend = MemoryBackend()
     warm(backend, 3)
     service = LeaseService(backend)

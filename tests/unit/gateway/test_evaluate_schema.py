@@ -1,4 +1,7 @@
-"""The evaluate answer's schema is sandfleet.wire's (fields, outcomes, reward sources), under its old name."""
+"""The evaluate answer's schema is sandfleet.wire's (fields, outcomes, reward sources).
+
+It is published as `Evaluation`, the name clients generated from the schema know it by.
+"""
 
 from __future__ import annotations
 

@@ -8,8 +8,11 @@ from dataclasses import replace
 import pytest
 
 from sandfleet.core import api
+from sandfleet.core.leases import LeaseError, LeaseRecord
+from sandfleet.core.model import SandboxPod
 from sandfleet.core.quotas import CapacityError, QuotaExceeded, Quotas
 from sandfleet.gateway.leasing import (
+    RENEW_ATTEMPTS,
     LeaseGone,
     LeaseService,
     NotTheHolder,
@@ -224,3 +227,42 @@ async def test_only_the_holder_hears_that_a_lease_was_lost_with_its_cluster() ->
         await service.current("known.lease~1", "mallory")
     with pytest.raises(UnknownName):
         await service.current("unknown.lease~1", "mallory")
+
+
+class ContendedBackend(MemoryBackend):
+    """A backend whose next `losses` lease writes each lose to another writer."""
+
+    def __init__(self, losses: int) -> None:
+        super().__init__()
+        self.losses = losses
+        self.calls: list[str] = []
+
+    async def write_lease(self, sandbox: SandboxPod, lease: LeaseRecord) -> SandboxPod | None:
+        self.calls.append("write")
+        if self.losses > 0:
+            self.losses -= 1
+            return None
+        return await super().write_lease(sandbox, lease)
+
+    async def fresh(self, lease_id: str) -> SandboxPod | None:
+        self.calls.append("read")
+        return await super().fresh(lease_id)
+
+
+async def test_a_renewal_that_loses_its_write_reads_the_lease_again_and_writes_again() -> None:
+    backend = ContendedBackend(losses=0)
+    backend.add("s0")
+    service = LeaseService(backend)
+    lease = (await service.acquire(request())).leases[0][0]
+    backend.losses = 2
+    renewed = await service.renew(lease.id, "actor", 120)
+    assert backend.calls == ["write", "read", "write", "read", "write"]
+    assert renewed.ttl_seconds == 120
+    assert backend.items["ns.s0"].lease == renewed
+
+    backend.calls.clear()
+    backend.losses = RENEW_ATTEMPTS
+    with pytest.raises(LeaseError, match="is being changed by someone else; retry"):
+        await service.renew(lease.id, "actor", 120)
+    assert backend.calls == ["write", "read"] * RENEW_ATTEMPTS
+    assert RENEW_ATTEMPTS == 5

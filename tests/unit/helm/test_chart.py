@@ -973,8 +973,8 @@ def test_your_own_rollout_worker_replaces_the_actor_image_and_command() -> None:
 
 
 def test_the_gateway_writes_policy_admits_every_lease_key_the_gateway_writes() -> None:
-    # The lease-key label was added to the gateway's patches and not to the policy once: every
-    # claim through the chart's gateway was refused by the apiserver.
+    # A label the gateway's patches write and the policy does not admit makes the apiserver refuse
+    # every claim through the chart's gateway: each lease-key label must be admitted.
     (policy,) = [
         p
         for p in objects(render(), "ValidatingAdmissionPolicy")

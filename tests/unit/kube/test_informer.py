@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from tenacity import RetryCallState
 
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.informer import Informer
@@ -37,8 +39,12 @@ def _event(kind: str, name: str, version: str) -> dict[str, Any]:
 class ScriptedKube:
     """Answers lists page by page and watches from a script; records what was asked."""
 
-    def __init__(self, watches: list[list[dict[str, Any]] | Exception]) -> None:
+    def __init__(
+        self, watches: list[list[dict[str, Any]] | Exception], failing_lists: frozenset[int] = frozenset()
+    ) -> None:
         self.watches = watches
+        self.failing_lists = failing_lists  # which lists (0 the first) fail, counted by their first page
+        self.list_starts = 0
         self.lists: list[dict[str, Any]] = []
         self.watched_from: list[str] = []
         self.responses: list[_Response] = []
@@ -47,6 +53,9 @@ class ScriptedKube:
         query = kwargs["query"]
         self.lists.append(dict(query))
         if "continue" not in query:
+            self.list_starts += 1
+            if self.list_starts - 1 in self.failing_lists:
+                raise KubeError(503, "the apiserver is restarting")
             return {"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "page2"}}
         return {"items": [{"metadata": {"name": "b"}}], "metadata": {"resourceVersion": "10"}}
 
@@ -64,7 +73,9 @@ class ScriptedKube:
         return response
 
 
-async def _run(kube: ScriptedKube, until: int) -> list[tuple[str, str]]:
+async def _run(
+    kube: ScriptedKube, until: int, backoff: Callable[[RetryCallState], float] | None = None
+) -> list[tuple[str, str]]:
     seen: list[tuple[str, str]] = []
     informer = Informer(
         kube,  # type: ignore[arg-type]
@@ -72,7 +83,7 @@ async def _run(kube: ScriptedKube, until: int) -> list[tuple[str, str]]:
         lambda kind, obj: seen.append((kind, (obj.get("metadata") or {}).get("name", ""))),
         lambda: seen.append(("SYNCED", "")),
         page_size=1,
-        backoff=Backoff(base=0.001, cap=0.001),
+        backoff=backoff or Backoff(base=0.001, cap=0.001),
     )
     task = asyncio.create_task(informer.run())
     while len(kube.watched_from) < until:  # noqa: ASYNC110 (the script counts, it has no events)
@@ -103,3 +114,20 @@ async def test_a_failed_watch_backs_off_and_relists() -> None:
     kube = ScriptedKube([KubeError(500, "etcd down")])
     seen = await _run(kube, until=2)
     assert seen.count(("SYNC", "")) == 2
+
+
+async def test_the_backoff_starts_again_after_each_list_that_succeeds_and_a_410_waits_for_nothing() -> None:
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}
+    # list, watch fails, list fails twice, list, watch ends with a 410, list, watch fails, list, watch
+    kube = ScriptedKube(
+        [KubeError(500, "etcd down"), [gone], KubeError(500, "etcd down")], failing_lists=frozenset({1, 2})
+    )
+    waits: list[int] = []
+
+    def backoff(state: RetryCallState) -> float:
+        waits.append(state.attempt_number)  # the how-manieth try of its round failed
+        return 0.001
+
+    await _run(kube, until=4, backoff=backoff)
+    assert waits == [1, 2, 3, 1]
+    assert kube.list_starts == 6

@@ -8,6 +8,7 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tenacity import AsyncRetrying, RetryCallState
 
 from sandfleet.kube.errors import Gone, KubeError
 from sandfleet.kube.watching import Backoff, LineSplitter, read_event
@@ -73,14 +74,35 @@ def test_410_gone_asks_for_a_relist_and_other_errors_are_kube_errors() -> None:
     assert not isinstance(caught.value, Gone)
 
 
-def test_backoff_doubles_with_jitter_up_to_its_cap_and_resets() -> None:
+def _after_try(attempt: int) -> RetryCallState:
+    """The state tenacity hands a wait once the `attempt`th try of a round has failed."""
+    state = RetryCallState(retry_object=AsyncRetrying(), fn=None, args=(), kwargs={})
+    state.attempt_number = attempt
+    return state
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
     lowest = Backoff(base=0.5, cap=5.0, rand=lambda: 0.0)
-    assert [lowest.next() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert [lowest(_after_try(n)) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
     highest = Backoff(base=0.5, cap=5.0, rand=lambda: 0.999)
-    waits = [highest.next() for _ in range(6)]
+    waits = [highest(_after_try(n)) for n in range(1, 7)]
     assert all(w < 2 * low for w, low in zip(waits, [0.5, 1.0, 2.0, 4.0, 5.0, 5.0], strict=True))
-    highest.reset()
-    assert highest.next() < 1.0
+    assert highest(_after_try(1)) < 1.0  # a new round of tries starts from the shortest wait again
+
+
+@given(
+    st.integers(min_value=1, max_value=10_000),
+    st.floats(min_value=0.001, max_value=10.0),
+    st.floats(min_value=0.001, max_value=60.0),
+    st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_a_wait_is_between_its_doubled_step_and_twice_that(
+    attempt: int, base: float, cap: float, draw: float
+) -> None:
+    step = min(cap, base * 2.0 ** min(attempt - 1, 64))
+    wait = Backoff(base=base, cap=cap, rand=lambda: draw)(_after_try(attempt))
+    assert wait == pytest.approx(step + draw * step)
+    assert step * (1 - 1e-9) <= wait < 2 * step * (1 + 1e-9)
 
 
 def test_backoff_jitter_spreads_replicas() -> None:
@@ -88,6 +110,6 @@ def test_backoff_jitter_spreads_replicas() -> None:
     # 20 of them are stood in for by draws from one seeded generator, the same every run.
     assert Backoff().rand == random.random
     draws = random.Random(0).random
-    waits = {round(Backoff(rand=draws).next(), 6) for _ in range(20)}
+    waits = {round(Backoff(rand=draws)(_after_try(1)), 6) for _ in range(20)}
     assert len(waits) > 1
     assert all(0.5 <= w < 1.0 for w in waits)

@@ -109,6 +109,57 @@ async def test_the_client_retries_a_learner_that_is_not_up_yet() -> None:
             await link.weights()
 
 
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The back-off waits slept (each a moment's yield instead)."""
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    return slept
+
+
+async def test_a_busy_learner_is_asked_again_after_growing_waits(waits: list[float]) -> None:
+    statuses = iter([503, 429, 204])
+    transport = httpx.MockTransport(lambda request: httpx.Response(next(statuses)))
+    async with LearnerClient("http://learner", retries=5, transport=transport) as link:
+        assert (await link._request("GET", "/v1/weights")).status_code == 204
+    assert waits == [0.4, 0.8]
+
+    waits.clear()
+    calls: list[str] = []
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(503, text="restarting")
+
+    async with LearnerClient("http://learner", retries=5, transport=httpx.MockTransport(busy)) as link:
+        with pytest.raises(
+            LearnerUnavailable, match=r"did not take POST /v1/trajectories: HTTP 503: restarting"
+        ):
+            await link.send_many([right()])
+    assert len(calls) == 6
+    assert waits == [0.4, 0.8, 1.6, 3.0, 3.0]  # doubling, at most 3 s, none after the last try
+
+
+async def test_a_learner_that_refuses_is_not_asked_again(waits: list[float]) -> None:
+    calls: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(422, text="bad trajectory")
+
+    async with LearnerClient("http://learner", retries=5, transport=httpx.MockTransport(refuse)) as link:
+        with pytest.raises(LearnerUnavailable, match=r"refused POST /v1/trajectories: Client error '422"):
+            await link.send_many([right()])
+    assert calls == ["/v1/trajectories"]
+    assert waits == []
+
+
 def test_weights_and_trajectories_round_trip_through_json() -> None:
     policy = SoftmaxPolicy({"a": 3, "b": 2})
     policy.logits["a"][1] = 2.5
