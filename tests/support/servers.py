@@ -100,13 +100,13 @@ def serve_instance(pid: int) -> str | None:
     return None
 
 
-def runsc_sandboxes(instance: str | None = None) -> int:
-    """gVisor sandbox processes on this host, or only those of one runtime instance.
+def runsc_sandboxes(instance: str) -> int:
+    """gVisor sandbox processes of one local runtime instance on this host.
 
     Leaks show as processes, not in `runsc list`; an instance's sandboxes run with its runsc root,
     `--root=<state>/instances/<id>/runsc`.
     """
-    marker = f"/instances/{instance}/runsc " if instance is not None else ""
+    marker = f"/instances/{instance}/runsc "
     count = 0
     for proc in Path("/proc").iterdir():
         try:
