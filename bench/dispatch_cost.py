@@ -24,7 +24,8 @@ from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord, lease_metadata
 from sandfleet.core.model import SandboxPod, image_key
 from sandfleet.gateway.kube import KubeBackend, pool_from_object
-from sandfleet.gateway.leasing import LeaseRequest, LeaseService
+from sandfleet.gateway.lease_requests import LeaseRequest
+from sandfleet.gateway.leasing import LeaseService
 
 IMAGE = "python:3.12"
 REGIONS = ("us-east1", "europe-west4", "asia-southeast1")

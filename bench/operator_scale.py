@@ -29,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,12 @@ from kubebench import (
     request_delta,
     wait,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from sandfleet.core import api
 
 TARGET_RSS_MB = 500
+PASS_METRIC = "sandfleet_operator_reconcile_duration_seconds"
 POOL = "scale"
 
 
@@ -287,6 +290,26 @@ def lease_and_release(url: str, token: str, clients: int, rounds: int) -> dict[s
     }
 
 
+def reconcile_passes(metrics_port: int) -> tuple[float, float]:
+    """The operator's pool passes so far and the seconds they took, from its own /metrics histogram."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    count = total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{PASS_METRIC}_count":
+                count += sample.value
+            elif sample.name == f"{PASS_METRIC}_sum":
+                total += sample.value
+    return count, total
+
+
+def pass_report(before: tuple[float, float], after: tuple[float, float]) -> dict[str, float]:
+    """Passes in a phase and their mean duration (planning and applying one pool, as the operator times)."""
+    passes, seconds = after[0] - before[0], after[1] - before[1]
+    return {"passes": passes, "mean_pass_ms": round(1000 * seconds / passes, 2) if passes else 0.0}
+
+
 def leased_pods(cluster: Cluster, namespace: str) -> int:
     return lease_states(cluster, namespace)[api.LEASE_LEASED]
 
@@ -328,6 +351,7 @@ def main() -> None:
             try:
                 # Phase 1: fill.
                 cpu_start = operator.cpu_seconds()
+                passes_start = reconcile_passes(operator.metrics_port)
                 started = time.monotonic()
                 cluster.apply(pool_manifest(POOL, count), namespace)
                 rss_samples: list[float] = []
@@ -349,6 +373,7 @@ def main() -> None:
                 done = wait(filled, 180 if args.short else 1800, f"{count} sandboxes Ready", interval=1.0)
                 fill_seconds = done - started
                 fill_cpu = operator.cpu_seconds() - cpu_start
+                passes_filled = reconcile_passes(operator.metrics_port)
                 requests_filled, _ = apiserver_requests(cluster)
                 hold_began = time.monotonic()
                 phases["fill"] = phase_requests(requests_before, requests_filled, fill_seconds)
@@ -362,6 +387,7 @@ def main() -> None:
                 steady_cpu_start = operator.cpu_seconds()
                 time.sleep(steady_window)
                 steady_cpu = operator.cpu_seconds() - steady_cpu_start
+                passes_held = reconcile_passes(operator.metrics_port)
                 rss_now, rss_peak = operator.memory_mb()
                 requests_held, watches_open = apiserver_requests(cluster)
                 hold_seconds = time.monotonic() - hold_began
@@ -454,6 +480,8 @@ def main() -> None:
                 "operator_cpu_seconds_fill": round(fill_cpu, 1),
                 "operator_cpu_cores_during_fill": round(fill_cpu / fill_seconds, 3),
                 "operator_cpu_cores_steady": round(steady_cpu / steady_window, 4),
+                "operator_passes_fill": pass_report(passes_start, passes_filled),
+                "operator_passes_steady": pass_report(passes_filled, passes_held),
                 "operator_cpu_cores_during_clients": round(operator_cpu_gw / client_report["seconds"], 3),
                 "operator_rss_mb": round(rss_now, 1),
                 "operator_rss_peak_mb": round(peak, 1),

@@ -1,15 +1,23 @@
-"""The words on the wire that the client, the gateway and the CLI share: outcomes, reward sources, fields.
+"""The words on the wire that the client, the gateway and the CLI share: the bodies, their fields, codes.
 
 Standard library only: the client speaks HTTP and must not import the gateway's pydantic models,
-so what both must spell the same lives here. The in-sandbox agent cannot import sandfleet at all;
-it keeps its own copy (sandbox_image/sandfleet_agent/wire.py), held equal to this one by
-tests/unit/agent/test_wire.py.
+so what both must spell the same lives here, once. Each body the client sends or reads is a
+TypedDict: `...Body` what a caller sends, `...Answer` what it gets back, `...Json` an object inside
+one, `...Query` a query string (the files and jobs routes' bodies, which the client passes through
+untouched, aside). Then the outcome vocabulary, and the header and codes both sides read.
+
+The gateway's pydantic models (gateway/models.py, gateway/run_models.py: FastAPI validates and
+publishes them) are held to these, field by field, by tests/unit/gateway/test_models.py. The
+in-sandbox agent cannot import sandfleet at all: it keeps its own copy of the words
+(sandbox_image/sandfleet_agent/wire.py), and tests/unit/agent/test_wire.py holds that copy to this
+one, and the fields the agent reads and answers with to ExecBody, EvaluateRequest, ExecAnswer and
+EvaluationReport.
 """
 
 # No `from __future__ import annotations`: TypedDict reads NotRequired from evaluated annotations
-# only (Python 3.11), and EvaluationReport's required keys are checked at run time.
+# only (Python 3.11), and the tests check each TypedDict's required keys at run time.
 from enum import StrEnum
-from typing import Any, Final, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 
 class Outcome(StrEnum):
@@ -49,11 +57,248 @@ FROM_SANDBOX: Final = "sandbox"
 FRESH_KEY_HEADER: Final = "sandfleet-fresh-key"
 
 
-class EvaluateRequest(TypedDict, total=False):
-    """The body of POST /v1/leases/{id}/evaluate: a `task`, or a test command (`argv` or `shell`)."""
+# -- Leases: POST /v1/leases, GET /v1/leases[/{id}], POST .../renew, DELETE, POST /v1/runs/{run}/release
 
-    patch: str  # a unified diff applied first
-    task: dict[str, object]  # a catalogue task's scoring object (`Task.scoring()`): its tests decide
+
+class AcquireBody(TypedDict, total=False):
+    """The body of POST /v1/leases: a pool, an image, or both; `count` at once, or a batch of `min_count`+."""
+
+    pool: str
+    image: str  # a task image the pool serves
+    count: int
+    min_count: int  # a batch: the fewest accepted when `wait_seconds` ends
+    regions: list[str]  # preferred, best first
+    ttl_seconds: int
+    labels: dict[str, str]  # `run` ties the lease to its run (bulk release, policy, profile)
+    policy_version: int
+    idempotency_key: str  # retries with the same key get the same leases
+    wait_seconds: float
+
+
+class LeaseJson(TypedDict):
+    """One lease and where its sandbox is, as every lease answer carries it."""
+
+    id: str
+    pool: str
+    holder: str
+    region: str
+    sandbox: str
+    acquired_at: float
+    expires_at: float
+    ttl_seconds: int
+    labels: dict[str, str]
+    policy_version: int | None
+    idempotency_key: str | None
+    image_digest: str  # exactly what the episode runs on ("" until the runtime reports it) ...
+    template_hash: str  # ... and the hash of the pool template its sandbox was made from
+    cluster: str  # the fleet member that holds it ("" for the only cluster)
+
+
+class TimingsJson(TypedDict):
+    """Where an acquire's time went, in milliseconds."""
+
+    queue_ms: float
+    claim_ms: float
+    boot_ms: float
+    total_ms: float
+
+
+class AcquireAnswer(TypedDict):
+    """The answer to POST /v1/leases (201)."""
+
+    leases: list[LeaseJson]
+    requested: int
+    granted: int
+    queue_position: int  # callers ahead on arrival
+    timings: TimingsJson
+
+
+class RenewBody(TypedDict, total=False):
+    """The body of POST /v1/leases/{id}/renew: the pool's default TTL when `ttl_seconds` is left out."""
+
+    ttl_seconds: int
+
+
+class LeaseAnswer(TypedDict):
+    """The answer to GET /v1/leases/{id} and POST /v1/leases/{id}/renew."""
+
+    lease: LeaseJson
+
+
+class LeasesQuery(TypedDict, total=False):
+    """The query of GET /v1/leases: only this pool's, only this run's."""
+
+    pool: str
+    run: str
+
+
+class LeasesAnswer(TypedDict):
+    """The answer to GET /v1/leases: the caller's live leases."""
+
+    leases: list[LeaseJson]
+
+
+class ReleaseAnswer(TypedDict):
+    """The answer to DELETE /v1/leases/{id}; `released` is false when the lease had already ended."""
+
+    id: str
+    released: bool
+
+
+class RunReleaseAnswer(TypedDict):
+    """The answer to POST /v1/runs/{run}/release: the leases it released."""
+
+    run: str
+    released: list[str]
+
+
+# -- Pools: GET /v1/pools
+
+
+class PlaceJson(TypedDict):
+    """A pool's sandboxes in one cluster and region ("" for the only cluster, or no region)."""
+
+    cluster: str
+    region: str
+    warm: int
+    leased: int
+
+
+class PoolJson(TypedDict):
+    """One pool: its counts, its image and TTLs, and where its sandboxes are."""
+
+    name: str
+    regions: list[str]
+    image: str
+    warm: int
+    leased: int
+    waiting: int
+    default_ttl_seconds: int
+    max_ttl_seconds: int
+    places: list[PlaceJson]
+
+
+class PoolsAnswer(TypedDict):
+    """The answer to GET /v1/pools."""
+
+    pools: list[PoolJson]
+
+
+# -- Runs: policy versions, phase spans and the loop profile, under /v1/runs/{run}
+
+# What a run does with an acquire beyond its staleness bound: refuse it (409), or lease it flagged.
+PolicyMode = Literal["refuse", "flag"]
+POLICY_MODES: Final[tuple[PolicyMode, ...]] = ("refuse", "flag")
+
+
+class PublishPolicyBody(TypedDict):
+    """The body of POST /v1/runs/{run}/policy: the learner's version, and optionally the run's rules."""
+
+    version: int
+    staleness_bound: NotRequired[int]
+    mode: NotRequired[PolicyMode]
+
+
+class PolicyAnswer(TypedDict):
+    """The answer to GET and POST /v1/runs/{run}/policy."""
+
+    run: str
+    version: int
+    staleness_bound: int
+    mode: PolicyMode
+    updated_at: float
+
+
+# Who may report a span; the gateway records its own spans (source `gateway`) itself.
+SpanSource = Literal["actor", "learner"]
+SPAN_SOURCES: Final[tuple[SpanSource, ...]] = ("actor", "learner")
+
+
+class SpanBody(TypedDict):
+    """One timed phase of the loop, in unix seconds."""
+
+    phase: str
+    start: float
+    end: float
+    source: NotRequired[SpanSource]
+    worker: NotRequired[str]
+
+
+class SpansBody(TypedDict, total=False):
+    """The body of POST /v1/runs/{run}/spans."""
+
+    spans: list[SpanBody]
+    dropped_stale: int  # trajectories the learner dropped as too stale
+
+
+class SpansAnswer(TypedDict):
+    """The answer to POST /v1/runs/{run}/spans: how many spans were recorded."""
+
+    run: str
+    recorded: int
+
+
+class ProfileQuery(TypedDict, total=False):
+    """The query of GET /v1/runs/{run}/profile."""
+
+    window_seconds: float
+
+
+class PhaseJson(TypedDict):
+    """One phase of the loop profile: how often, how long in all, and its percentiles."""
+
+    phase: str
+    category: str
+    count: int
+    total_seconds: float
+    p50_seconds: float
+    p90_seconds: float
+    p99_seconds: float
+
+
+class VerdictJson(TypedDict):
+    """The loop profile's bottleneck and the lever to pull."""
+
+    bottleneck: str
+    lever: str
+    reason: str
+
+
+class ProfileAnswer(TypedDict):
+    """The answer to GET /v1/runs/{run}/profile."""
+
+    run: str
+    window_seconds: float
+    spans: int
+    phases: list[PhaseJson]
+    split: dict[str, float]  # category -> share of the loop's time
+    seconds: dict[str, float]
+    learner_busy: float | None
+    verdict: VerdictJson
+    notes: list[str]
+    policy: PolicyAnswer | None
+
+
+# -- Errors
+
+
+class ProblemAnswer(TypedDict):
+    """Every error the gateway answers with: a stable code, and what to do."""
+
+    error: str
+    detail: str
+    queue_position: NotRequired[int]  # 429 and 504
+    eta_seconds: NotRequired[float]
+    retry_after_seconds: NotRequired[int]
+    source: NotRequired[str]  # FROM_SANDBOX when the sandbox's agent refused
+
+
+# -- The sandbox's agent, reached through POST /v1/leases/{id}/exec and .../evaluate (forwarded unread)
+
+
+class ExecBody(TypedDict, total=False):
+    """The body of POST /v1/leases/{id}/exec: exactly one of `argv` and `shell`."""
+
     argv: list[str]
     shell: str
     cwd: str
@@ -61,8 +306,34 @@ class EvaluateRequest(TypedDict, total=False):
     stdin: str
     stdin_base64: str
     timeout_s: float
-    max_output_bytes: int
+    max_output_bytes: int  # per stream
+    encoding: str  # utf-8 (the default) or base64 (the exact bytes)
+
+
+class ExecAnswer(TypedDict):
+    """The answer to POST /v1/leases/{id}/exec, as the sandbox's agent writes it."""
+
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    killed: bool
+    stdout: str
+    stderr: str
+    stdout_bytes: int  # produced, of which `stdout` holds up to `max_output_bytes`
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_s: float
     encoding: str
+    stdout_binary: NotRequired[bool]  # with utf-8: the bytes were not UTF-8 (replaced)
+    stderr_binary: NotRequired[bool]
+
+
+class EvaluateRequest(ExecBody, total=False):
+    """The body of POST /v1/leases/{id}/evaluate: a `task`, or a test command (`argv` or `shell`)."""
+
+    patch: str  # a unified diff applied first
+    task: dict[str, object]  # a catalogue task's scoring object (`Task.scoring()`): its tests decide
     junit_xml: str  # the report's name in the verifier's directory
     require_report: bool  # no readable JUnit report is INFRA_ERROR, not a zero
 

@@ -11,7 +11,7 @@ from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod, image_key, sandbox_key
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, SandboxIndex
-from sandfleet.gateway.leasing import LeaseRequest
+from sandfleet.gateway.lease_requests import LeaseRequest
 
 POOL = PoolInfo("ns", "python", 60, 600, ("us-east1", "europe-west4"), "img")
 
@@ -94,3 +94,14 @@ def request(**overrides: object) -> LeaseRequest:
     fields: dict[str, object] = {"pool": "python", "holder": "actor", "wait_seconds": 2.0}
     fields.update(overrides)
     return LeaseRequest(**fields)  # type: ignore[arg-type]
+
+
+def warm(backend: MemoryBackend, count: int, prefix: str = "s") -> None:
+    """Add `count` warm sandboxes, named `prefix` and a number."""
+    for i in range(count):
+        backend.add(f"{prefix}{i}")
+
+
+def leased(backend: MemoryBackend) -> set[str]:
+    """The keys of the sandboxes leased now."""
+    return {key for key, s in backend.items.items() if s.state == api.LEASE_LEASED}

@@ -7,15 +7,16 @@ import json
 import os
 import sys
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from sandfleet.cli.app import app
-from sandfleet.wire import EvaluateRequest, Outcome
+from sandfleet.wire import EvaluateRequest, ExecAnswer, Outcome, PlaceJson, PoolJson
 
 URL = Annotated[str | None, typer.Option("--url", envvar="SANDFLEET_URL", help="Gateway URL.")]
 TOKEN = Annotated[str | None, typer.Option("--token", envvar="SANDFLEET_TOKEN", help="Bearer token.")]
@@ -104,18 +105,22 @@ def _sandbox(fleet: Any, lease_id: str) -> Any:
     return Sandbox(fleet, Lease(lease_id, "", "", "", 0.0, {}, None))
 
 
-def exec_notes(raw: dict[str, Any], max_output_bytes: int | None) -> list[str]:
+def exec_notes(raw: Mapping[str, Any], max_output_bytes: int | None) -> list[str]:
     """What a reader of the output must know and cannot see in it: a cut output, a timeout."""
+    answer = cast(ExecAnswer, raw)
+    streams = (
+        ("stdout", answer.get("stdout_truncated"), answer.get("stdout_bytes", "?")),
+        ("stderr", answer.get("stderr_truncated"), answer.get("stderr_bytes", "?")),
+    )
     notes = []
-    for stream in ("stdout", "stderr"):
-        if raw.get(f"{stream}_truncated"):
+    for stream, truncated, produced in streams:
+        if truncated:
             cap = f" at {max_output_bytes} bytes" if max_output_bytes is not None else ""
             notes.append(
-                f"sandfleet: {stream} truncated{cap} ({raw.get(f'{stream}_bytes', '?')} bytes produced); "
-                "raise --max-output-bytes"
+                f"sandfleet: {stream} truncated{cap} ({produced} bytes produced); raise --max-output-bytes"
             )
-    if raw.get("timed_out"):
-        notes.append(f"sandfleet: timed out after {raw.get('duration_s', '?')}s; the command was killed")
+    if answer.get("timed_out"):
+        notes.append(f"sandfleet: timed out after {answer.get('duration_s', '?')}s; the command was killed")
     return notes
 
 
@@ -152,7 +157,7 @@ def exec_(
         # Plain lines, never wrapped or styled: scripts grep them.
         sys.stderr.write("".join(f"{note}\n" for note in exec_notes(result.raw, max_output_bytes)))
     # 124, as coreutils' timeout says it: the agent reports the kill's own status (137) then.
-    timed_out = bool(result.raw.get("timed_out")) or result.exit_code is None
+    timed_out = result.timed_out or result.exit_code is None
     raise typer.Exit(124 if timed_out else result.exit_code)
 
 
@@ -318,7 +323,7 @@ def release(
 def pools(url: URL = None, token: TOKEN = None, as_json: AS_JSON = False) -> None:
     """List pools: warm, leased and waiting counts, and where (cluster/region warm/leased)."""
     with _fleet(url, token) as fleet:
-        found = _run(fleet.pools)
+        found: list[PoolJson] = _run(fleet.pools)
     if as_json:
         typer.echo(json.dumps(found))
         return
@@ -331,7 +336,7 @@ def pools(url: URL = None, token: TOKEN = None, as_json: AS_JSON = False) -> Non
     Console().print(table)
 
 
-def _place(place: dict[str, Any]) -> str:
+def _place(place: PlaceJson) -> str:
     where = "/".join(part for part in (place["cluster"], place["region"]) if part) or "-"
     return f"{where} {place['warm']}/{place['leased']}"
 

@@ -9,19 +9,39 @@ import typer
 
 from sandfleet.cli.app import app
 
+# Each GatewaySettings field's flag (gateway/settings.py): the settings hold the defaults and the
+# variables, these options only what is typed on the command line. CapacitySettings and
+# TenantSettings have no flags: their SANDFLEET_GATEWAY_* variables only.
+FLAGS = {
+    "host": "--host",
+    "port": "--port",
+    "namespace": "--namespace",
+    "auth": "--auth",
+    "token_file": "--token-file",
+    "token_audiences": "--token-audience",
+    "max_waiting": "--max-waiting",
+    "agent_key_file": "--agent-key-file",
+    "insecure_no_agent_key": "--insecure-no-agent-key",
+    "share_warm": "--share-warm",
+    "replica": "--replica",
+    "cluster": "--cluster",
+    "members": "--member",
+    "member_weights": "--member-weight",
+}
+
 
 @app.command()
 def gateway(
-    host: Annotated[str | None, typer.Option(help="Address to listen on [default: 0.0.0.0].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on [default: 8080].")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on.", show_default="0.0.0.0")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.", show_default="8080")] = None,
     namespace: Annotated[
         str | None,
-        typer.Option("--namespace", "-n", help="Namespace whose pools to serve [default: default]."),
+        typer.Option("--namespace", "-n", help="Namespace whose pools to serve.", show_default="default"),
     ] = None,
     auth: Annotated[
         str | None,
         typer.Option(
-            help="kubernetes (TokenReview + RBAC), static (token file) or none [default: kubernetes]."
+            help="kubernetes (TokenReview + RBAC), static (token file) or none.", show_default="kubernetes"
         ),
     ] = None,
     token_file: Annotated[
@@ -29,10 +49,12 @@ def gateway(
     ] = None,
     token_audience: Annotated[
         list[str] | None,
-        typer.Option(help="Audience a caller's token must carry (repeatable) [default: the apiserver's]."),
+        typer.Option(
+            help="Audience a caller's token must carry (repeatable).", show_default="the apiserver's"
+        ),
     ] = None,
     max_waiting: Annotated[
-        int | None, typer.Option(help="Callers that may queue per pool [default: 1000].")
+        int | None, typer.Option(help="Callers that may queue per pool.", show_default="1000")
     ] = None,
     agent_key_file: Annotated[
         Path | None, typer.Option(help="The fleet key sandboxes' agent tokens derive from (required).")
@@ -45,14 +67,23 @@ def gateway(
         bool | None,
         typer.Option(
             "--share-warm/--no-share-warm",
-            help="Hand out this replica's own share of the warm Pods first [default: share].",
+            help="Hand out this replica's own share of the warm Pods first.",
+            show_default="share",
+        ),
+    ] = None,
+    replica: Annotated[
+        str | None,
+        typer.Option(
+            help="This replica's name among the others (its membership Lease).",
+            show_default="$POD_NAME, else host name and process id",
         ),
     ] = None,
     cluster: Annotated[
         str | None,
         typer.Option(
             help="The name of the cluster this gateway runs in, for its metrics' `cluster` label (in a "
-            "fleet, the name the fleet gateway's --member gives it) [default: default].",
+            "fleet, the name the fleet gateway's --member gives it).",
+            show_default="default",
         ),
     ] = None,
     member: Annotated[
@@ -73,13 +104,13 @@ def gateway(
     """Serve the Kubernetes runtime's pools (kubeconfig or in-cluster config).
 
     Every option can also come from SANDFLEET_GATEWAY_<OPTION> (e.g. SANDFLEET_GATEWAY_NAMESPACE;
-    lists as JSON); a flag given on the command line wins over the environment.
+    lists as JSON), --replica from POD_NAME (gateway/settings.py); a flag given on the command line
+    wins over the environment.
     """
-    from pydantic import ValidationError
-
+    from sandfleet.cli.settings_flags import load_settings
     from sandfleet.core.agent_tokens import AgentKeyError
     from sandfleet.gateway.main import run
-    from sandfleet.gateway.settings import GatewaySettings
+    from sandfleet.gateway.settings import CapacitySettings, GatewaySettings, TenantSettings
     from sandfleet.kube.errors import KubeConfigError
 
     given: dict[str, Any] = {
@@ -93,19 +124,17 @@ def gateway(
         "agent_key_file": agent_key_file,
         "insecure_no_agent_key": insecure_no_agent_key,
         "share_warm": share_warm,
+        "replica": replica,
         "cluster": cluster,
         "members": parse_members(member or []) or None,
         "member_weights": parse_weights(member_weight or []) or None,
     }
     # Only flags actually given are passed, so the environment fills in the rest.
+    settings = load_settings(GatewaySettings, given, FLAGS)
+    capacity = load_settings(CapacitySettings, {})
+    tenancy = load_settings(TenantSettings, {})
     try:
-        settings = GatewaySettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = f"{first['loc'][0]}: " if first["loc"] else ""
-        raise typer.BadParameter(f"{where}{first['msg']}") from None
-    try:
-        run(settings)
+        run(settings, capacity, tenancy)
     except AgentKeyError as error:
         raise typer.BadParameter(str(error)) from None
     except KubeConfigError as error:

@@ -24,6 +24,7 @@ from sandfleet.cli.client_commands import TOKEN, URL, console
 if TYPE_CHECKING:
     from sandfleet.rl.loop import Learner, LoopStats
     from sandfleet.tasks.catalogue import Task
+    from sandfleet.wire import ProfileAnswer
 
 GATEWAY_URL = Annotated[
     str | None,
@@ -142,7 +143,7 @@ def run(
             f"infra errors {stats.infra_errors} (masked), timed out {stats.timed_out}"
         )
 
-    async def main() -> tuple[LoopStats, dict[str, Any]]:
+    async def main() -> tuple[LoopStats, ProfileAnswer]:
         async with AsyncFleet(url=url, token=token) as fleet:
             stats, _ = await run_loop(fleet, config, progress)
             return stats, await fleet.profile(run_name, window_seconds=duration + 30)
@@ -225,15 +226,15 @@ def learner(
     """Serve the learner: actors POST trajectories and GET weights; versions go to the gateway."""
     import asyncio
 
+    from sandfleet.cli.run_commands import policy_mode
     from sandfleet.client import AsyncFleet
     from sandfleet.rl.loop import Learner, LoopConfig, LoopStats
     from sandfleet.rl.processes import stop_after, stop_on_signals
     from sandfleet.rl.service import serve_learner
     from sandfleet.rl.torch_policy import TorchUnavailable, make_policy, resolve_device
 
-    if mode not in ("refuse", "flag"):
-        raise typer.BadParameter("--mode must be refuse or flag")
-    config = LoopConfig(run=run_name, batch_size=batch_size, staleness_bound=staleness_bound, mode=mode,
+    chosen = policy_mode(mode) or "refuse"
+    config = LoopConfig(run=run_name, batch_size=batch_size, staleness_bound=staleness_bound, mode=chosen,
                         learning_rate=learning_rate, clip=clip, seed=seed, tasks=_tasks(tasks))  # fmt: skip
     try:
         resolved = resolve_device(device)

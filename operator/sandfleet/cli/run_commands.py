@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from sandfleet.cli.app import app
 from sandfleet.cli.client_commands import AS_JSON, TOKEN, URL, _fail, _fleet, _run, console
+from sandfleet.wire import POLICY_MODES, PolicyAnswer, PolicyMode, ProfileAnswer
 
 
-def render_profile(data: dict[str, Any]) -> Table:
+def render_profile(data: ProfileAnswer) -> Table:
     """The profile as a table: one row per phase, then the split and the verdict in the caption."""
     table = Table(title=f"loop profile of run {data['run']} (last {data['window_seconds']:.0f}s)")
     for column in ("phase", "category", "count", "total s", "p50 s", "p90 s", "p99 s"):
@@ -29,7 +30,7 @@ def render_profile(data: dict[str, Any]) -> Table:
             f"{p['p99_seconds']:.3f}",
         )
     split = ", ".join(f"{c} {share:.0%}" for c, share in data["split"].items())
-    busy = data.get("learner_busy")
+    busy = data["learner_busy"]
     verdict = data["verdict"]
     table.caption = (
         f"split: {split}"
@@ -39,7 +40,7 @@ def render_profile(data: dict[str, Any]) -> Table:
     return table
 
 
-def write_profile_plot(data: dict[str, Any], path: Path) -> None:
+def write_profile_plot(data: ProfileAnswer, path: Path) -> None:
     """The profile as a picture (SVG or PNG, by the suffix of `path`)."""
     from sandfleet import plots
 
@@ -51,6 +52,16 @@ def write_profile_plot(data: dict[str, Any], path: Path) -> None:
         f"verdict: {verdict['bottleneck']} -> {verdict['lever']}",
     )
     plots.save(figure, path)
+
+
+def policy_mode(mode: str | None) -> PolicyMode | None:
+    """A --mode as the policy's mode (refuse or flag), or a usage error naming them."""
+    if mode is None:
+        return None
+    for known in POLICY_MODES:
+        if mode == known:
+            return known
+    raise typer.BadParameter(f"--mode must be {' or '.join(POLICY_MODES)}")
 
 
 def check_plot(path: Path | None) -> None:
@@ -78,7 +89,7 @@ def profile(
     """Where the RL loop spends its time, percentiles per phase, and the bottleneck with its lever."""
     check_plot(plot)
     with _fleet(url, token) as fleet:
-        data = _run(lambda: fleet.profile(run, window))
+        data: ProfileAnswer = _run(lambda: fleet.profile(run, window))
     if plot is not None:
         write_profile_plot(data, plot)
         console.print(f"wrote {plot}")
@@ -100,9 +111,11 @@ def policy(
     token: TOKEN = None,
 ) -> None:
     """Show a run's policy version and staleness rules, or publish a version."""
+    chosen = policy_mode(mode)
     with _fleet(url, token) as fleet:
+        data: PolicyAnswer
         if publish is not None:
-            data = _run(lambda: fleet.publish_policy(run, publish, bound, mode))
+            data = _run(lambda: fleet.publish_policy(run, publish, bound, chosen))
         else:
             data = _run(lambda: fleet.policy(run))
     typer.echo(json.dumps(data, indent=2))

@@ -65,6 +65,7 @@ def serve(
     import uvicorn
     from rich.console import Console
 
+    from sandfleet.cli.settings_flags import load_settings
     from sandfleet.core.recycle import RecyclePolicy
     from sandfleet.gateway.app import Runtime, create_app
     from sandfleet.gateway.auth import Authenticator, parse_token_file
@@ -77,6 +78,9 @@ def serve(
     from sandfleet.local.runtime import LocalRuntime
 
     console = Console(stderr=True)
+    # SANDFLEET_GATEWAY_* only (no flags here), read before anything is built: a bad one is one line.
+    capacity = load_settings(CapacitySettings, {})  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
+    tenancy = load_settings(TenantSettings, {})  # SANDFLEET_GATEWAY_RUN_ADMINS, body caps, timeouts
     if not local:
         raise typer.BadParameter("serve has only the local runtime; use `sandfleet gateway` for Kubernetes")
     if token_file is None and host not in ("127.0.0.1", "localhost", "::1"):
@@ -117,7 +121,6 @@ def serve(
         static_tokens=parse_token_file(token_file.read_text()) if token_file else {},
         anonymous_allowed=token_file is None,
     )
-    tenancy = TenantSettings()  # SANDFLEET_GATEWAY_RUN_ADMINS, body caps, timeouts
     runtime = Runtime(
         backend=backend,
         authenticator=authenticator,
@@ -126,7 +129,7 @@ def serve(
         stop=backend.stop,
         agent_key=sandboxes.fleet_key,
         policy_store=MemoryPolicyStore(policy_file or Path.home() / ".cache/sandfleet/policies.json"),
-        capacity=CapacitySettings(),  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
+        capacity=capacity,
         tenancy=tenancy,
         # sandfleet_sandbox_startup_seconds, as the operator exports it; resets of a recycling pool
         collectors=backend.collectors,

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from statistics import median
 from typing import Any
 
@@ -14,7 +14,7 @@ from sandfleet.core.ledger import LedgerEntry, overlay
 from sandfleet.core.model import Node, SandboxPod, object_key
 from sandfleet.core.pods import node_from_object, pod_usage, sandbox_from_pod, startup_phases
 from sandfleet.core.resources import Resources
-from sandfleet.kube.informer import SYNC
+from sandfleet.kube.keyed_feed import KeyedFeed, as_is
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +53,30 @@ class ClusterCache:
         self.lease_times: dict[str, deque[float]] = {}
         self._pod_usage: dict[str, tuple[str, Resources]] = {}
         self._pod_pool: dict[str, str] = {}
-        self._pods_listing: set[str] | None = None
-        self._nodes_listing: set[str] | None = None
         self._on_pool_change = on_pool_change
         self._on_started = on_started
         self._on_leased = on_leased
+        # The informers' handlers (`on_pod_event`, `pods_listed`; `on_node_event`, `nodes_listed`).
+        # Every Pod's key counts as listed, ours or not; a Node that cannot be read is skipped.
+        pods = KeyedFeed(
+            as_is, _pod_key, self._upsert_pod, self._forget_pod, self._held_pods, self.pods_synced.set
+        )
+        self.on_pod_event = pods.on_event
+        self.pods_listed = pods.on_synced  # drops whatever the (re)list did not show, then pods_synced
+        nodes = KeyedFeed(
+            _readable_node,
+            _node_name,
+            self._upsert_node,
+            self._forget_node,
+            lambda: self.nodes,
+            self.nodes_synced.set,
+        )
+        self.on_node_event = nodes.on_event
+        self.nodes_listed = nodes.on_synced
 
     # -- pods -----------------------------------------------------------------------------------------
 
-    def on_pod_event(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind == SYNC:  # a (re)list begins
-            self._pods_listing = set()
-            return
-        meta = pod.get("metadata") or {}
-        key = object_key(str(meta.get("namespace")), str(meta.get("name")))
-        if self._pods_listing is not None:
-            self._pods_listing.add(key)
-        if kind == "DELETED":
-            self._forget_pod(key)
-            return
+    def _upsert_pod(self, key: str, pod: dict[str, Any]) -> None:
         try:
             usage = pod_usage(pod)
         except ValueError:  # someone else's Pod with a quantity we cannot read: it holds no capacity here
@@ -125,15 +130,10 @@ class ClusterCache:
             self._on_pool_change(pool_key)
         return previous
 
-    def pods_listed(self) -> None:
-        """The (re)list finished: drop whatever was not in it, and say the cache can be trusted."""
-        listed, self._pods_listing = self._pods_listing, None
-        if listed is not None:
-            for key in [k for k in self._pod_usage if k not in listed]:
-                self._forget_pod(key)
-            for key in [k for k in self._pod_pool if k not in listed]:
-                self._forget_pod(key)
-        self.pods_synced.set()
+    def _held_pods(self) -> Iterator[str]:
+        """Every Pod the cache holds something of: capacity, or a place in a pool."""
+        yield from self._pod_usage
+        yield from (key for key in self._pod_pool if key not in self._pod_usage)
 
     def _forget_pod(self, key: str) -> None:
         self._set_usage(key, None)
@@ -162,30 +162,11 @@ class ClusterCache:
 
     # -- nodes ----------------------------------------------------------------------------------------
 
-    def on_node_event(self, kind: str, body: dict[str, Any]) -> None:
-        if kind == SYNC:  # a (re)list begins
-            self._nodes_listing = set()
-            return
-        try:
-            node = node_from_object(body)
-        except ValueError:
-            log.warning(
-                "cannot read the allocatable resources of node %s", body.get("metadata", {}).get("name")
-            )
-            return
-        if self._nodes_listing is not None:
-            self._nodes_listing.add(node.name)
-        if kind == "DELETED":
-            self.nodes.pop(node.name, None)
-            return
-        self.nodes[node.name] = node
+    def _upsert_node(self, name: str, node: Node) -> None:
+        self.nodes[name] = node
 
-    def nodes_listed(self) -> None:
-        listed, self._nodes_listing = self._nodes_listing, None
-        if listed is not None:
-            for name in [n for n in self.nodes if n not in listed]:
-                del self.nodes[name]
-        self.nodes_synced.set()
+    def _forget_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
 
     # -- queries --------------------------------------------------------------------------------------
 
@@ -207,6 +188,24 @@ class ClusterCache:
         while times and times[0] < now - LEASE_HISTORY_SECONDS:
             times.popleft()
         return list(times)
+
+
+def _pod_key(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return object_key(str(meta.get("namespace")), str(meta.get("name")))
+
+
+def _readable_node(body: dict[str, Any]) -> Node | None:
+    """The Node as capacity planning reads it; None (skipped, logged) when it cannot be read."""
+    try:
+        return node_from_object(body)
+    except ValueError:
+        log.warning("cannot read the allocatable resources of node %s", body.get("metadata", {}).get("name"))
+        return None
+
+
+def _node_name(node: Node) -> str:
+    return node.name
 
 
 def _differs(a: SandboxPod, b: SandboxPod) -> bool:

@@ -15,10 +15,11 @@ from sandfleet.controller import metrics
 from sandfleet.controller.cache import ClusterCache
 from sandfleet.controller.kube import Kube, KubeError
 from sandfleet.controller.leader import LeaderElector
+from sandfleet.controller.settings import OperatorSettings
 from sandfleet.core import api
 from sandfleet.core.autoscale import AutoscaleState, desired_replicas
 from sandfleet.core.fleet import share_of
-from sandfleet.core.ledger import DEFAULT_SHARDS, Retire, shard_for
+from sandfleet.core.ledger import Retire, shard_for
 from sandfleet.core.model import (
     PoolSpec,
     Prewarm,
@@ -53,6 +54,8 @@ from sandfleet.kube.ledger import LedgerBook, LedgerUnavailable
 log = logging.getLogger(__name__)
 
 COMPONENT = "sandfleet-operator"
+LEADER_LEASE = COMPONENT  # the coordination Lease the replicas contend for
+MAX_CONCURRENT_WRITES = 64
 TICK_SECONDS = 2.0  # re-plan this often even without events: leases expire and backoffs end on time
 DEBOUNCE_SECONDS = 0.05  # gather a burst of Pod events into one pass
 STATUS_INTERVAL_SECONDS = 1.0  # at most one status write per pool per interval while it fills
@@ -61,23 +64,6 @@ MAX_CREATES_PER_PASS = 500
 EVENT_CONDITIONS = frozenset({DEGRADED, CAPACITY_LIMITED})
 REJECTED_STATUSES = frozenset({400, 403, 422})
 CREATE_ERROR_EVENT_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class OperatorSettings:
-    """Knobs of a running operator."""
-
-    namespaces: tuple[str, ...] = ()
-    leader_namespace: str = "default"
-    leader_name: str = "sandfleet-operator"
-    lease_seconds: float = 15.0
-    max_concurrent_writes: int = 64
-    # The RuntimeClasses a pool may name (the cluster admin's choice): any other gets no Pods.
-    runtime_classes: frozenset[str] = frozenset({api.DEFAULT_RUNTIME_CLASS})
-    # The fleet key every sandbox's agent token derives from (core/agent_tokens.py).
-    agent_key: bytes | None = field(default=None, repr=False)
-    # Ledger shards new Pods of `ledger` pools are spread over, per namespace (core.ledger).
-    ledger_shards: int = DEFAULT_SHARDS
 
 
 @dataclass
@@ -100,10 +86,13 @@ class PoolWorker:
 class Operator:
     """All pools this operator keeps, the cluster cache that feeds them and the leader lease."""
 
-    def __init__(self, kube: Kube, identity: str, settings: OperatorSettings) -> None:
+    def __init__(
+        self, kube: Kube, identity: str, settings: OperatorSettings, agent_key: bytes | None = None
+    ) -> None:
         self.kube = kube
-        self.identity = identity
+        self.identity = identity  # this replica's name in the leader election
         self.settings = settings
+        self.agent_key = agent_key  # the fleet key every sandbox's agent token derives from
         self.workers: dict[str, PoolWorker] = {}
         self.prewarms: dict[str, Prewarm] = {}
         # Every namespace's lease ledgers: the lease state of ledger Pods, and where retirements go.
@@ -117,13 +106,13 @@ class Operator:
         )
         self.elector = LeaderElector(
             kube,
-            settings.leader_namespace,
-            settings.leader_name,
+            settings.leader_lease_namespace,
+            LEADER_LEASE,
             identity,
-            settings.lease_seconds,
-            renew_seconds=max(1.0, settings.lease_seconds / 3),
+            settings.leader_lease_seconds,
+            renew_seconds=max(1.0, settings.leader_lease_seconds / 3),
         )
-        self._writes = asyncio.Semaphore(settings.max_concurrent_writes)
+        self._writes = asyncio.Semaphore(MAX_CONCURRENT_WRITES)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- life cycle -----------------------------------------------------------------------------------
@@ -374,7 +363,7 @@ class Operator:
             region=create.region,
             zone=create.zone,
             prewarm=create.prewarm,
-            agent_key=self.settings.agent_key,
+            agent_key=self.agent_key,
             shard=shard,
         )
         # Counted as starting before the request leaves, so no later pass can create it twice.

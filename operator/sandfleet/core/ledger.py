@@ -34,6 +34,7 @@ from sandfleet.core.model import SandboxPod
 # A namespace's ledgers: 24 divide among 1, 2, 3, 4, 6 or 8 gateway replicas evenly
 # (core.partition.shard_owner).
 DEFAULT_SHARDS: Final = 24
+MAX_SHARDS: Final = 100  # a shard's label is two digits (shard_for)
 # A pool spreads its Pods over one shard per this many of them (at most all the shards): a small
 # pool's batch is one ledger write, a large pool's Pods are spread for the replicas to share.
 PODS_PER_SHARD: Final = 128

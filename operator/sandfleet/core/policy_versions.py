@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Final
 
-Mode = Literal["refuse", "flag"]
-MODES: tuple[Mode, ...] = ("refuse", "flag")
+from sandfleet.wire import POLICY_MODES, PolicyMode
+
+Mode = PolicyMode  # refuse an acquire beyond the bound, or flag it: the words are sandfleet.wire's
+MODES: Final = POLICY_MODES
 STALE_LABEL = "policy-stale"  # set on leases the run lets through in "flag" mode
 
 

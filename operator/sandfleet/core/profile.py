@@ -14,7 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-Source = Literal["actor", "learner", "gateway"]
+from sandfleet.wire import SpanSource
+
+Source = Literal[SpanSource, "gateway"]  # who reported a span: a caller (sandfleet.wire's), or the gateway
 SOURCES: Final[tuple[Source, ...]] = ("actor", "learner", "gateway")
 
 # phase -> category. Actor/learner phases first, then the gateway's own.

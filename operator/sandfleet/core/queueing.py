@@ -59,6 +59,16 @@ def eta_per_place(refill_rate: float, spinup_seconds: float) -> float:
     return spinup_seconds
 
 
+def boot_overlap(arrived: float, granted: float, created: float, ready: float | None) -> float:
+    """The part of a wait over [arrived, granted] spent on a sandbox booting over [created, ready].
+
+    Zero for a sandbox already warm on arrival, or whose creation or ready time is unknown.
+    """
+    if ready is None or created <= 0:
+        return 0.0
+    return max(0.0, min(granted, ready) - max(arrived, created))
+
+
 def serve_order(
     waiters: Iterable[tuple[int, float]], warm: int, overtake_seconds: float
 ) -> list[tuple[int, int]]:

@@ -19,7 +19,7 @@ from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod, lease_cluster, sandbox_key
 from sandfleet.gateway.backend import IndexedReads, PoolInfo, RuntimeAway, SandboxIndex
 from sandfleet.gateway.kube import KubeBackend
-from sandfleet.gateway.leasing import LeaseGone, SandboxWithdrawn
+from sandfleet.gateway.lease_errors import LeaseGone, SandboxWithdrawn
 from sandfleet.gateway.metrics import ClusterUp
 from sandfleet.gateway.recycling import AgentResets
 from sandfleet.kube.api_calls import KubeClient

@@ -32,7 +32,8 @@ from sandfleet.gateway.recycling import AgentResets
 from sandfleet.kube.api_calls import APPLY_PATCH, MERGE_PATCH, KubeClient
 from sandfleet.kube.config import ApiClient, Configuration, api_client, load_configuration
 from sandfleet.kube.errors import KubeError
-from sandfleet.kube.informer import SYNC, Informer
+from sandfleet.kube.informer import Informer
+from sandfleet.kube.keyed_feed import KeyedFeed, as_is
 from sandfleet.kube.ledger import LedgerBook, LedgerUnavailable
 
 log = logging.getLogger(__name__)
@@ -121,14 +122,33 @@ class KubeBackend(IndexedReads):
         self._own_leases: Counter[str] = Counter()
         self.ledgers: LedgerBook | None = None
         self._pools: dict[str, PoolInfo] = {}
-        # What a (re)list has shown so far: swapped in whole when it ends, so readers never see half.
-        self._listed_pods: dict[str, SandboxPod] | None = None
-        self._listed_pools: dict[str, PoolInfo] | None = None
         self._informers: list[Informer] = []
         self._tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
         self._pods_synced = asyncio.Event()
         self._pools_synced = asyncio.Event()
+        # The informers' handlers, through feeds that take a relist whole when it ends, so readers
+        # never see half of one.
+        pods = KeyedFeed(
+            self._read,
+            _sandbox_key,
+            self._watched_pod,
+            self._pod_deleted,
+            lambda: self._pods,
+            self._pods_synced.set,
+            replace=self._pods_relisted,
+        )
+        self._on_pod, self._pods_listed = pods.on_event, pods.on_synced
+        pools = KeyedFeed(
+            as_is,
+            _object_name,
+            self._watched_pool,
+            self._pool_deleted,
+            lambda: self._pools,
+            self._pools_synced.set,
+            replace=self._pools_relisted,
+        )
+        self._on_pool, self._pools_listed = pools.on_event, pools.on_synced
 
     @property
     def connected(self) -> bool:
@@ -412,23 +432,17 @@ class KubeBackend(IndexedReads):
             await self.ledgers.synced.wait()
         self.synced.set()
 
-    def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
-        if kind == SYNC:
-            self._listed_pods = {}
-            return
-        sandbox = self._read(pod)
-        if sandbox is None:
-            return
-        if self._listed_pods is not None:
-            self._listed_pods[sandbox.key] = sandbox
-        elif kind == "DELETED":
-            self._forget(sandbox)
-        else:
-            self._upsert(sandbox)
+    def _watched_pod(self, key: str, sandbox: SandboxPod) -> None:
+        self._upsert(sandbox)
 
-    def _pods_listed(self) -> None:
-        listed, self._listed_pods = self._listed_pods or {}, None
-        for key in [k for k in self._pods if k not in listed]:
+    def _pod_deleted(self, key: str) -> None:
+        known = self._pods.get(key)
+        if known is not None:
+            self._forget(known)
+
+    def _pods_relisted(self, listed: dict[str, SandboxPod], gone: list[str]) -> None:
+        """A relist is the truth: it replaces every reading, a write's newer answer included."""
+        for key in gone:
             self._forget(self._pods[key])  # gone while nobody watched
         if self._shared_index:  # the other members' sandboxes stay
             for key in self._pods:
@@ -439,7 +453,6 @@ class KubeBackend(IndexedReads):
         self._own_leases.clear()
         for sandbox in listed.values():
             self._upsert(sandbox)
-        self._pods_synced.set()
 
     def _read(self, pod: dict[str, Any]) -> SandboxPod | None:
         """A Pod as a sandbox of this cluster (None: not a sandbox)."""
@@ -485,27 +498,27 @@ class KubeBackend(IndexedReads):
             if known.shard == shard:
                 self.index.put(self._as_leased(known))
 
-    def _on_pool(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == SYNC:
-            self._listed_pools = {}
-            return
-        name = obj["metadata"]["name"]
-        if self._listed_pools is not None:
-            self._listed_pools[name] = pool_from_object(obj)
-        elif kind == "DELETED":
-            self._pools.pop(name, None)
-        else:
-            self._pools[name] = pool_from_object(obj)
+    def _watched_pool(self, name: str, obj: dict[str, Any]) -> None:
+        self._pools[name] = pool_from_object(obj)
 
-    def _pools_listed(self) -> None:
-        listed, self._listed_pools = self._listed_pools or {}, None
-        self._pools = listed
-        self._pools_synced.set()
+    def _pool_deleted(self, name: str) -> None:
+        self._pools.pop(name, None)
+
+    def _pools_relisted(self, listed: dict[str, dict[str, Any]], gone: list[str]) -> None:
+        self._pools = {name: pool_from_object(obj) for name, obj in listed.items()}
 
 
 def first_owner(sandbox: SandboxPod, members: tuple[str, ...]) -> str | None:
     """The replica a warm sandbox belongs to first: its ledger shard's owner, else its name's."""
     return owner(sandbox.name, members) if sandbox.shard is None else shard_owner(sandbox.shard, members)
+
+
+def _sandbox_key(sandbox: SandboxPod) -> str:
+    return sandbox.key
+
+
+def _object_name(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
 
 
 def _newer(known: str, incoming: str) -> bool:

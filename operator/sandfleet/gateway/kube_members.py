@@ -26,7 +26,8 @@ from sandfleet.core.partition import live_members
 from sandfleet.kube.api_calls import KubeClient
 from sandfleet.kube.errors import KubeError
 from sandfleet.kube.heartbeat import OwnLease
-from sandfleet.kube.informer import SYNC, Informer
+from sandfleet.kube.informer import Informer
+from sandfleet.kube.keyed_feed import KeyedFeed
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +80,25 @@ class GatewayMembers:
         self.clock = clock
         self.members: tuple[str, ...] = (identity,)
         self._last_seen: dict[str, float] = {}
-        self._listed: dict[str, float] | None = None
         self._lease_names: dict[str, str] = {}  # holder -> its Lease's name
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        # A relist is taken whole, so the live replicas are counted once, on all of it.
+        feed = KeyedFeed(
+            _member_lease,
+            _holder,
+            self._seen,
+            self._left,
+            lambda: self._last_seen,
+            self._recount,
+            replace=self._relisted,
+        )
         informer = Informer(
             self.kube,
             self.path,
-            self._on_lease,
-            self._on_listed,
+            feed.on_event,
+            feed.on_synced,
             query={"labelSelector": api.GATEWAY_MEMBER_LABEL},
             resource="leases",
         )
@@ -116,25 +126,21 @@ class GatewayMembers:
                     with contextlib.suppress(KubeError):  # another replica deleted it first
                         await self.lease.forget(name)
 
-    def _on_lease(self, kind: str, lease: dict[str, Any]) -> None:
-        if kind == SYNC:
-            self._listed = {}
-            return
-        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
-        if not holder:
-            return
-        seen = self._listed if self._listed is not None else self._last_seen
-        if kind == "DELETED":
-            seen.pop(holder, None)
-        else:
-            seen[holder] = self.clock()
-            self._lease_names[holder] = str(lease["metadata"]["name"])
-        if self._listed is None:
-            self._recount()
-
-    def _on_listed(self) -> None:
-        self._last_seen, self._listed = self._listed or {}, None
+    def _seen(self, holder: str, lease: dict[str, Any]) -> None:
+        self._last_seen[holder] = self.clock()
+        self._lease_names[holder] = str(lease["metadata"]["name"])
         self._recount()
+
+    def _left(self, holder: str) -> None:
+        self._last_seen.pop(holder, None)
+        self._recount()
+
+    def _relisted(self, listed: dict[str, dict[str, Any]], gone: list[str]) -> None:
+        """The replicas a relist showed, seen now; the others are forgotten."""
+        self._last_seen = {}
+        for holder, lease in listed.items():
+            self._last_seen[holder] = self.clock()
+            self._lease_names[holder] = str(lease["metadata"]["name"])
 
     def _recount(self) -> None:
         members = live_members(self._last_seen, self.identity, self.clock(), self.lease_seconds)
@@ -142,6 +148,15 @@ class GatewayMembers:
             log.info("gateway replicas: %s", ", ".join(members))
             self.members = members
             self.on_change(members)
+
+
+def _member_lease(lease: dict[str, Any]) -> dict[str, Any] | None:
+    """A watched Lease, if it names its holder."""
+    return lease if _holder(lease) else None
+
+
+def _holder(lease: dict[str, Any]) -> str:
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 class ReplicasGauge(Collector):

@@ -34,8 +34,13 @@ def kube_app(
     settings: GatewaySettings,
     connect: Callable[[], Awaitable[ApiClient]] = connect,
     freeze_heap: bool = False,
+    capacity: CapacitySettings | None = None,
+    tenancy: TenantSettings | None = None,
 ) -> FastAPI:
-    """A gateway app serving the pools of one namespace from the Kubernetes API."""
+    """A gateway app serving the pools of one namespace from the Kubernetes API.
+
+    `capacity` and `tenancy` are read from the environment when not given.
+    """
     tokens = parse_token_file(settings.token_file.read_text()) if settings.token_file else {}
     agent_key = load_agent_key(settings)
     resets = AgentResets(agent_key)
@@ -49,7 +54,7 @@ def kube_app(
             settings.namespace,
             connect=connect,
             token_audiences=settings.token_audiences,
-            replica=default_identity() if settings.share_warm else None,
+            replica=(settings.replica or default_identity()) if settings.share_warm else None,
             resets=resets,
         )
 
@@ -57,7 +62,7 @@ def kube_app(
         return backend.synced.is_set() and backend.connected
 
     reviews = settings.auth == "kubernetes"
-    tenancy = TenantSettings()
+    tenancy = tenancy if tenancy is not None else TenantSettings()
     authenticator = Authenticator(
         static_tokens=tokens,
         review_token=backend.review_token if reviews else None,
@@ -76,7 +81,7 @@ def kube_app(
         agent_key=agent_key,
         max_waiting=settings.max_waiting,
         policy_store=ConfigMapPolicyStore(settings.namespace, lambda: backend.kube),
-        capacity=CapacitySettings(),
+        capacity=capacity if capacity is not None else CapacitySettings(),
         tenancy=tenancy,
         collectors=(
             ReplicasGauge(backend.replicas),
@@ -122,14 +127,23 @@ def load_agent_key(settings: GatewaySettings) -> bytes | None:
     return parse_fleet_key(text)
 
 
-def run(settings: GatewaySettings) -> None:
-    """Serve until stopped; without credentials, KubeConfigError (one line) before anything starts."""
+def run(
+    settings: GatewaySettings,
+    capacity: CapacitySettings | None = None,
+    tenancy: TenantSettings | None = None,
+) -> None:
+    """Serve until stopped; without credentials, KubeConfigError (one line) before anything starts.
+
+    `capacity` and `tenancy` are read from the environment when not given.
+    """
     configuration: Configuration | None = None
+    tenancy = tenancy if tenancy is not None else TenantSettings()
 
     async def connect_loaded() -> ApiClient:
         return await connect(configuration)  # the one loaded below, before uvicorn starts
 
-    app = kube_app(settings, connect=connect_loaded, freeze_heap=True)  # the agent key's errors first
+    # The agent key's errors first.
+    app = kube_app(settings, connect=connect_loaded, freeze_heap=True, capacity=capacity, tenancy=tenancy)
     if settings.members:  # each member's kubeconfig, checked now: one line naming the bad one
         for kubeconfig in settings.members.values():
             asyncio.run(load_configuration_from(kubeconfig))
@@ -142,5 +156,5 @@ def run(settings: GatewaySettings) -> None:
         log_level="warning",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
-        http=guarded_protocol(TenantSettings()),  # header timeout, connections per address
+        http=guarded_protocol(tenancy),  # header timeout, connections per address
     )

@@ -1,4 +1,8 @@
-"""The gateway's request and response bodies, as pydantic models (they are the OpenAPI schema)."""
+"""The gateway's request and response bodies, as pydantic models (they are the OpenAPI schema).
+
+Their JSON is sandfleet.wire's (AcquireBody, LeaseJson, ProblemAnswer, ...), which the client writes
+and reads without importing these: tests/unit/gateway/test_models.py holds each model to its twin.
+"""
 
 from __future__ import annotations
 

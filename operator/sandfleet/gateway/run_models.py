@@ -1,15 +1,19 @@
-"""Request and response bodies of the run routes: policy versions, spans and the loop profile."""
+"""Request and response bodies of the run routes: policy versions, spans and the loop profile.
+
+What a client sends and reads is sandfleet.wire's (PublishPolicyBody, PolicyAnswer, SpansBody, ...):
+tests/unit/gateway/test_models.py holds these models' fields to it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from sandfleet.core.policy_versions import RunPolicy
-from sandfleet.core.profile import PHASES, Profile, Span
+from sandfleet.core.profile import PHASES, Profile, Source, Span
 from sandfleet.gateway.models import Strict
+from sandfleet.wire import PolicyMode, SpanSource
 
 
 class PublishPolicy(Strict):
@@ -19,7 +23,7 @@ class PublishPolicy(Strict):
     staleness_bound: int | None = Field(
         None, ge=0, le=1_000_000, description="Versions an acquire may lag; the last one (or 4) if omitted."
     )
-    mode: Literal["refuse", "flag"] | None = Field(
+    mode: PolicyMode | None = Field(
         None, description="Beyond the bound: refuse the acquire (409) or lease it labelled policy-stale."
     )
 
@@ -28,7 +32,7 @@ class PolicyView(BaseModel):
     run: str
     version: int
     staleness_bound: int
-    mode: Literal["refuse", "flag"]
+    mode: PolicyMode
     updated_at: float
 
     @classmethod
@@ -46,7 +50,7 @@ class SpanIn(Strict):
     phase: str = Field(min_length=1, max_length=32, description=f"One of: {', '.join(PHASES)}.")
     start: float = Field(ge=0, le=1e11, description="Unix seconds.")
     end: float = Field(ge=0, le=1e11, description="Unix seconds, not before start.")
-    source: Literal["actor", "learner"] = "actor"
+    source: SpanSource = "actor"
     worker: str = Field("", max_length=128)
 
 
@@ -66,7 +70,7 @@ class SpanView(BaseModel):
     phase: str
     start: float
     end: float
-    source: Literal["actor", "learner", "gateway"]
+    source: Source
     worker: str = ""
 
 

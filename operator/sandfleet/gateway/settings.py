@@ -1,4 +1,10 @@
-"""Gateway settings, from flags or SANDFLEET_* environment variables (pydantic-settings)."""
+"""Gateway settings, from flags or SANDFLEET_* environment variables (pydantic-settings).
+
+The one home of the gateway's configuration, as `controller/settings.py` is the operator's: what
+each setting is, its default, its bounds and the variable it is read from (SANDFLEET_GATEWAY_<SETTING>,
+unless its field names another). `sandfleet gateway` (`cli/gateway_commands.py`) passes only the
+flags given, so the environment fills in the rest, then the defaults here.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandfleet.core.api import DEFAULT_CLUSTER
@@ -27,7 +33,11 @@ KEEP_ALIVE_SECONDS = 65
 class GatewaySettings(BaseSettings):
     """How a gateway serves: where, which namespace, how callers authenticate."""
 
-    model_config = SettingsConfigDict(env_prefix="SANDFLEET_GATEWAY_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="SANDFLEET_GATEWAY_",
+        extra="ignore",
+        populate_by_name=True,  # flags pass fields by name; an alias below is a variable only
+    )
 
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
@@ -64,6 +74,12 @@ class GatewaySettings(BaseSettings):
         True,
         description="Find the other replicas (coordination Leases) and hand out this replica's own "
         "share of the warm Pods first, so replicas do not race for the same ones.",
+    )
+    replica: str | None = Field(
+        None,
+        validation_alias=AliasChoices("POD_NAME"),
+        description="This replica's name among the others (its membership Lease): the chart sets "
+        "POD_NAME to its Pod's name; without one, the host's name and the process id.",
     )
 
     @field_validator("members")

@@ -1,7 +1,9 @@
 """The one informer: a paged list, then a watch with bookmarks, relisting on 410 Gone, forever.
 
 Consumers see `on_event("SYNC", {})` when a (re)list begins, `ADDED` for every listed object, then
-`on_synced()`, then the watch's events; on a relist they drop whatever the new list did not show.
+`on_synced()`, then the watch's events. Each consumer takes them through a `KeyedFeed`
+(`kube/keyed_feed.py`): upserts and deletes by key, and on a relist the deletes of whatever the
+new list did not show.
 """
 
 from __future__ import annotations

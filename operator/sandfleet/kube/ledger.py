@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,8 @@ from sandfleet.core.ledger import (
 )
 from sandfleet.kube.api_calls import MERGE_PATCH, METADATA_LIST, KubeClient
 from sandfleet.kube.errors import KubeError
-from sandfleet.kube.informer import SYNC, Informer
+from sandfleet.kube.informer import Informer
+from sandfleet.kube.keyed_feed import KeyedFeed
 from sandfleet.kube.metrics import LEDGER_BATCH, LEDGER_WRITES
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,6 @@ class _Shard:
 @dataclass
 class _Watch:
     namespace: str | None  # None: every namespace
-    listing: set[ShardKey] | None = None  # the ledgers a (re)list in progress has shown so far
     synced: bool = False
 
 
@@ -145,11 +145,19 @@ class LedgerBook:
         watched: list[str | None] = [*self.namespaces] or [None]
         self._watches = [_Watch(namespace) for namespace in watched]
         for watch in self._watches:
+            feed = KeyedFeed(
+                _watched_ledger,
+                _ledger_key,
+                self._watched,
+                self._drop,
+                functools.partial(self._held, watch.namespace),
+                functools.partial(self._listed, watch),
+            )
             informer = Informer(
                 self.kube,
                 self._collection(watch.namespace),
-                functools.partial(self._on_event, watch),
-                functools.partial(self._listed, watch),
+                feed.on_event,
+                feed.on_synced,
                 resource=api.LEDGER_PLURAL,
             )
             self._informers.append(informer)
@@ -317,26 +325,17 @@ class LedgerBook:
 
     # -- the watch -------------------------------------------------------------------------------
 
-    def _on_event(self, watch: _Watch, kind: str, obj: dict[str, Any]) -> None:
-        if kind == SYNC:  # a (re)list begins: what it does not show is gone
-            watch.listing = set()
-            return
-        meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), _shard_of(str(meta.get("name", ""))) or "")
-        if not key[1]:
-            return
-        if watch.listing is not None:
-            watch.listing.add(key)
-        if kind == "DELETED":
-            self._drop(key)
-        else:
-            self._store(obj)
+    def _watched(self, key: ShardKey, obj: dict[str, Any]) -> None:
+        self._store(obj)
+
+    def _held(self, namespace: str | None) -> Iterator[ShardKey]:
+        """The ledgers held of `namespace` (None: of all), however they were learned: what a relist drops."""
+        for key, known in self._shards.items():
+            if known.ledger is not None and (namespace is None or key[0] == namespace):
+                yield key
 
     def _listed(self, watch: _Watch) -> None:
-        listed, watch.listing = watch.listing or set(), None
-        for key in [k for k, s in self._shards.items() if s.ledger is not None and k not in listed]:
-            if watch.namespace is None or key[0] == watch.namespace:
-                self._drop(key)
+        """A (re)list of `watch` ended (what it did not show was dropped)."""
         watch.synced = True
         if all(w.synced for w in self._watches):
             self.synced.set()
@@ -398,6 +397,16 @@ class LedgerBook:
 
     def _item(self, namespace: str, shard: str) -> str:
         return f"{self._collection(namespace)}/{ledger_name(shard)}"
+
+
+def _watched_ledger(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """A watched object, if it is a shard's ledger (by its name)."""
+    return obj if _shard_of(str((obj.get("metadata") or {}).get("name", ""))) else None
+
+
+def _ledger_key(obj: dict[str, Any]) -> ShardKey:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), _shard_of(str(meta.get("name", ""))) or ""
 
 
 def _shard_of(name: str) -> str | None:

@@ -44,7 +44,7 @@ from sandfleet.rl.catalogue_tasks import apply_edit, load_tasks
 from sandfleet.rl.outcomes import is_infrastructure, training_decision
 from sandfleet.rl.policy import Array, SoftmaxPolicy, Trajectory, UpdateStats
 from sandfleet.tasks.catalogue import Task
-from sandfleet.wire import Outcome
+from sandfleet.wire import Outcome, PolicyMode
 
 
 @dataclass
@@ -57,7 +57,7 @@ class LoopConfig:
     duration_seconds: float = 60.0
     batch_size: int = 4
     staleness_bound: int = 4
-    mode: str = "refuse"
+    mode: PolicyMode = "refuse"  # beyond the staleness bound: refuse the acquire, or flag it
     think_seconds: float = 0.2
     learning_rate: float = 1.0
     clip: float = 2.0

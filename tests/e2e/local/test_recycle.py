@@ -20,7 +20,8 @@ from sandfleet.client import Fleet, LeaseEnded
 from sandfleet.core.agent_tokens import agent_token
 from sandfleet.core.model import image_key
 from sandfleet.core.recycle import Fingerprint, RecyclePolicy, fingerprint_from_json, probe_problems
-from sandfleet.gateway.leasing import LeaseRequest, LeaseService
+from sandfleet.gateway.lease_requests import LeaseRequest
+from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.local import LocalBackend
 from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.runtime import LocalRuntime, RunscSandbox, SandboxSpec

@@ -12,7 +12,7 @@ from sandfleet.gateway.settings import GatewaySettings
 
 def _settings(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> GatewaySettings:
     seen: list[GatewaySettings] = []
-    monkeypatch.setattr(sandfleet.gateway.main, "run", seen.append)
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings, *_: seen.append(settings))
     result = CliRunner().invoke(app, ["gateway", *args], env=env)
     assert result.exit_code == 0, result.output
     return seen[0]
@@ -42,7 +42,7 @@ def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_a_bad_value_is_a_usage_error_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *_: None)
     result = CliRunner().invoke(app, ["gateway", "--auth", "magic"])
     assert result.exit_code == 2
     assert "auth" in result.output
@@ -68,7 +68,7 @@ def test_members_are_name_equals_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_bad_member_is_a_usage_error_saying_what_to_write(
     monkeypatch: pytest.MonkeyPatch, value: str, said: str
 ) -> None:
-    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *_: None)
     result = CliRunner().invoke(app, ["gateway", "--member", value], terminal_width=200)
     assert result.exit_code == 2
     assert said in " ".join(result.output.split())
@@ -76,7 +76,7 @@ def test_a_bad_member_is_a_usage_error_saying_what_to_write(
 
 
 def test_a_member_given_twice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *_: None)
     result = CliRunner().invoke(app, ["gateway", "--member", "a=/x", "--member", "a=/y"], terminal_width=200)
     assert result.exit_code == 2
     assert "twice" in result.output
@@ -99,7 +99,7 @@ def test_member_weights_are_name_equals_weight(monkeypatch: pytest.MonkeyPatch) 
 def test_a_bad_member_weight_is_a_usage_error_saying_what_to_write(
     monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
 ) -> None:
-    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *_: None)
     result = CliRunner().invoke(app, ["gateway", *args], terminal_width=200)
     assert result.exit_code == 2, result.output
     assert said in " ".join(result.output.replace("│", " ").split())  # unboxed and unwrapped
@@ -115,7 +115,47 @@ def test_the_cluster_name_is_a_flag_or_the_environment_and_defaults_to_default(
 
 
 def test_a_cluster_name_that_no_member_could_have_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings: None)
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *_: None)
     result = CliRunner().invoke(app, ["gateway", "--cluster", "EU_1"], terminal_width=200)
     assert result.exit_code == 2, result.output
     assert "DNS label" in " ".join(result.output.replace("│", " ").split())
+
+
+def test_the_replicas_name_is_the_pods_else_a_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert _settings(monkeypatch, [], {}).replica is None
+    assert (
+        _settings(monkeypatch, [], {"POD_NAME": "sandfleet-gateway-7d9-x2"}).replica
+        == "sandfleet-gateway-7d9-x2"
+    )
+    assert _settings(monkeypatch, ["--replica", "r1"], {"POD_NAME": "pod"}).replica == "r1"
+
+
+def test_capacity_and_tenancy_come_from_the_environment_and_reach_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[object, ...]] = []
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *args: seen.append(args))
+    env = {"SANDFLEET_GATEWAY_MAX_GROUP_SIZE": "16", "SANDFLEET_GATEWAY_METRIC_RUNS": "3"}
+    result = CliRunner().invoke(app, ["gateway"], env=env)
+    assert result.exit_code == 0, result.output
+    _, capacity, tenancy = seen[0]
+    assert (capacity.max_group_size, tenancy.metric_runs) == (16, 3)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"SANDFLEET_GATEWAY_PORT": "http"}, "SANDFLEET_GATEWAY_PORT=http: Input should be a valid integer"),
+        ({"SANDFLEET_GATEWAY_MAX_GROUP_SIZE": "0"}, "SANDFLEET_GATEWAY_MAX_GROUP_SIZE=0"),
+        ({"SANDFLEET_GATEWAY_MAX_BODY_BYTES": "lots"}, "SANDFLEET_GATEWAY_MAX_BODY_BYTES=lots"),
+    ],
+)
+def test_a_bad_variable_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], said: str
+) -> None:
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda *_: None)
+    result = CliRunner().invoke(app, ["gateway"], env=env, terminal_width=400)
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.replace("│", " ").split())
+    assert "Traceback" not in result.output

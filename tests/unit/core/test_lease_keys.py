@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.lease_keys import adoptable, asked_otherwise, request_fingerprint, still_to_claim
+from sandfleet.core.lease_keys import (
+    adoptable,
+    asked_otherwise,
+    key_owner,
+    request_fingerprint,
+    still_to_claim,
+)
 from sandfleet.core.leases import LeaseRecord
 
 
@@ -128,3 +134,11 @@ def test_leases_of_older_gateways_say_nothing_of_what_was_asked() -> None:
     other = LeaseRecord("ns.c", "python", "actor", 1.0, 61.0, 60, idempotency_key="k", request="0" * 16)
     assert not asked_otherwise([mine, older], asked)
     assert asked_otherwise([mine, older, other], asked)
+
+
+key_names = st.text(alphabet="ab/:-", min_size=0, max_size=6)
+
+
+@given(key_names, key_names, key_names, key_names)
+def test_distinct_holder_and_key_pairs_never_share_a_slot(h1: str, k1: str, h2: str, k2: str) -> None:
+    assert (key_owner(h1, k1) == key_owner(h2, k2)) == ((h1, k1) == (h2, k2))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet.core.queueing import RateEstimator, admit, eta_per_place, serve_order, serve_plan
+from sandfleet.core.queueing import RateEstimator, admit, boot_overlap, eta_per_place, serve_order, serve_plan
 
 
 def test_admits_until_full_then_says_when_to_retry() -> None:
@@ -207,3 +207,11 @@ def test_serve_order_is_serve_plan_without_batches(
 ) -> None:
     plan = serve_plan([(m, w, False) for m, w in waiters], warm, overtake)
     assert serve_order(waiters, warm, overtake) == plan
+
+
+def test_boot_overlap() -> None:
+    assert boot_overlap(10.0, 13.0, 11.0, 12.5) == pytest.approx(1.5)  # created after arrival
+    assert boot_overlap(10.0, 13.0, 5.0, 12.0) == pytest.approx(2.0)  # booting before arrival
+    assert boot_overlap(10.0, 13.0, 5.0, 9.0) == 0.0  # warm on arrival
+    assert boot_overlap(10.0, 13.0, 0.0, 12.0) == 0.0  # creation time unknown
+    assert boot_overlap(10.0, 13.0, 11.0, None) == 0.0  # never seen becoming ready

@@ -12,10 +12,11 @@ import httpx
 import pytest
 
 from sandfleet.core.leases import LeaseRecord
-from sandfleet.gateway import leasing
+from sandfleet.gateway import lease_queue
 from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator
-from sandfleet.gateway.leasing import LeaseRequest, LeaseService, boot_overlap
+from sandfleet.gateway.lease_requests import LeaseRequest
+from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.runs import MemoryPolicyStore, Runs
 from tests.support.backends import MemoryBackend
@@ -33,21 +34,13 @@ def add_booted(backend: MemoryBackend, name: str, created_at: float) -> None:
         listener(backend.items[key])
 
 
-def test_boot_overlap() -> None:
-    assert boot_overlap(10.0, 13.0, 11.0, 12.5) == pytest.approx(1.5)  # created after arrival
-    assert boot_overlap(10.0, 13.0, 5.0, 12.0) == pytest.approx(2.0)  # booting before arrival
-    assert boot_overlap(10.0, 13.0, 5.0, 9.0) == 0.0  # warm on arrival
-    assert boot_overlap(10.0, 13.0, 0.0, 12.0) == 0.0  # creation time unknown
-    assert boot_overlap(10.0, 13.0, 11.0, None) == 0.0  # never seen becoming ready
-
-
 @on_virtual_time
 async def test_a_cold_acquire_splits_its_wait_into_queue_and_boot(monkeypatch: pytest.MonkeyPatch) -> None:
     # Virtual time throughout: the service's wall clock and the monotonic clock it measures waits
-    # with are the loop's, so the split is exact however loaded the machine is. (leasing's `time`
+    # with are the loop's, so the split is exact however loaded the machine is. (lease_queue's `time`
     # name is replaced, not `time.monotonic` itself, which the rest of the process keeps using.)
     loop = asyncio.get_running_loop()
-    monkeypatch.setattr(leasing, "time", SimpleNamespace(monotonic=loop.time, time=loop.time))
+    monkeypatch.setattr(lease_queue, "time", SimpleNamespace(monotonic=loop.time, time=loop.time))
     backend = MemoryBackend()
     service = LeaseService(backend, clock=loop.time)
     arrived = loop.time()
@@ -94,7 +87,7 @@ async def test_the_gateway_reports_boot_in_timings_the_profile_and_metrics(tmp_p
         # get there, and would then find the sandbox warm), then booting for a while longer.
         service = app.state.parts.service
         for _ in range(1000):  # 10 s at most
-            if any(queue.waiters for queue in service._queues.values()):
+            if service.waiting("python"):
                 break
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.3)

@@ -11,7 +11,9 @@ import pytest
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseRecord
 from sandfleet.core.model import SandboxPod
-from sandfleet.gateway.leasing import Granted, LeaseService, WaitTimeout
+from sandfleet.gateway.lease_errors import WaitTimeout
+from sandfleet.gateway.lease_requests import Granted
+from sandfleet.gateway.leasing import LeaseService
 from tests.support.backends import MemoryBackend, request
 
 
@@ -66,7 +68,7 @@ async def settle(service: LeaseService) -> None:
     """Let background claims and un-claims finish."""
     for _ in range(100):
         await asyncio.sleep(0.01)
-        if not service._claims:
+        if not service.queues.background:
             return
     raise AssertionError("background claims never finished")
 

@@ -13,16 +13,16 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from sandfleet.core import api
 from sandfleet.core.leases import LeaseError
-from sandfleet.gateway.leasing import (
+from sandfleet.gateway.lease_errors import (
     KeyReused,
     LeaseGone,
-    LeaseRequest,
-    LeaseService,
     NotTheHolder,
     PoolQueueFull,
     UnknownName,
     WaitTimeout,
 )
+from sandfleet.gateway.lease_requests import LeaseRequest
+from sandfleet.gateway.leasing import LeaseService
 from tests.support.backends import MemoryBackend
 
 HOLDERS = ("actor-a", "actor-b")
@@ -277,7 +277,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert sandbox.lease.holder == holder
             assert sandbox.lease.expires_at == pytest.approx(expires_at)
 
-    @precondition(lambda self: not self.service._claims)
+    @precondition(lambda self: not self.service.queues.background)
     @invariant()
     def no_claim_is_left_behind(self) -> None:
         # Nothing waits after a step: every acquire has ended in leases or an error.

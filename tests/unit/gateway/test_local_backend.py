@@ -15,7 +15,9 @@ from sandfleet.core.leases import LeaseError
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.core.model import image_key
 from sandfleet.core.quotas import CapacityError
-from sandfleet.gateway.leasing import LeaseRequest, LeaseService, UnknownName
+from sandfleet.gateway.lease_errors import UnknownName
+from sandfleet.gateway.lease_requests import LeaseRequest
+from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.local import LocalBackend
 from sandfleet.gateway.models import LeaseView
 from sandfleet.local.artifacts import ImageRef

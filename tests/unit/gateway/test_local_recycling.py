@@ -12,7 +12,8 @@ from typing import Any
 from sandfleet.core import api
 from sandfleet.core.model import image_key
 from sandfleet.core.recycle import RecyclePolicy
-from sandfleet.gateway.leasing import LeaseRequest, LeaseService
+from sandfleet.gateway.lease_requests import LeaseRequest
+from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.local import LocalBackend
 from sandfleet.local.errors import LocalRuntimeError
 from sandfleet.local.runtime import ResetFailed, RunscSandbox

@@ -17,14 +17,8 @@ from sandfleet.gateway.app import Runtime, create_app
 from sandfleet.gateway.auth import Authenticator, Unauthenticated
 from sandfleet.gateway.backend import PoolInfo
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import (
-    Granted,
-    LeaseGone,
-    NotTheHolder,
-    PoolQueueFull,
-    UnknownName,
-    WaitTimeout,
-)
+from sandfleet.gateway.lease_errors import LeaseGone, NotTheHolder, PoolQueueFull, UnknownName, WaitTimeout
+from sandfleet.gateway.lease_requests import Granted
 from sandfleet.gateway.models import EvaluateResponse, Problem
 from sandfleet.gateway.routes.deps import Parts
 from sandfleet.gateway.routes.errors import PROBLEMS, problem_for, validation_detail

@@ -310,13 +310,23 @@ def service_link_names(service: str) -> set[str]:
 
 
 def names_the_code_reads(command: list[str]) -> set[str]:
-    """SANDFLEET_* variables read anywhere in the package, plus the gateway settings' for the gateway."""
+    """SANDFLEET_* variables read anywhere in the package, plus the settings classes' of a server."""
+    from pydantic_settings import BaseSettings
+
+    from sandfleet.cli.settings_flags import environment_names
+    from sandfleet.controller.settings import OperatorSettings
+    from sandfleet.gateway.settings import CapacitySettings, GatewaySettings, TenantSettings
+
     source = "\n".join(p.read_text() for p in (REPO / "operator" / "sandfleet").rglob("*.py"))
     names = set(re.findall(r"\bSANDFLEET_[A-Z_]*[A-Z]\b", source))
-    if command[:2] == ["sandfleet", "gateway"]:
-        from sandfleet.gateway.settings import GatewaySettings
-
-        names |= {f"SANDFLEET_GATEWAY_{field.upper()}" for field in GatewaySettings.model_fields}
+    servers: dict[str, list[type[BaseSettings]]] = {
+        "gateway": [GatewaySettings, CapacitySettings, TenantSettings],
+        "operator": [OperatorSettings],
+        "serve": [CapacitySettings, TenantSettings],
+    }
+    if command[:1] == ["sandfleet"] and len(command) > 1:
+        for settings in servers.get(command[1], []):
+            names |= {name for variables in environment_names(settings).values() for name in variables}
     return names
 
 
@@ -408,18 +418,44 @@ def cli_params(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyP
         parent = ctx
 
 
+def server_settings(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The settings `sandfleet operator` or `sandfleet gateway` builds from a command line and env.
+
+    Flags, then variables, then defaults; caught where the command would start the server.
+    """
+    from typer.testing import CliRunner
+
+    import sandfleet.controller.main
+    import sandfleet.gateway.main
+    from sandfleet.cli import app
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sandfleet.controller.main, "run", lambda settings, *_: seen.append(settings))
+    monkeypatch.setattr(sandfleet.gateway.main, "run", lambda settings, *_: seen.append(settings))
+    result = CliRunner().invoke(app, argv[1:], env=env)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
 def test_every_sandfleet_container_line_parses_with_the_real_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     # An unknown flag or a badly typed variable would crash-loop the Pod; the CLI says so here.
     parsed = {}
+    settings = {}
     for name, pod in pod_templates(render_everything(tests=False)).items():
         container = pod["spec"]["containers"][0]
         env = {e["name"]: e["value"] for e in container.get("env") or () if "value" in e}
+        argv = [*container["command"], *container.get("args", [])]
         with monkeypatch.context() as scoped:
-            parsed[name] = cli_params([*container["command"], *container.get("args", [])], env, scoped)
-    assert parsed["sandfleet-operator"]["namespace"] == ["sandfleet"]
-    assert parsed["sandfleet-operator"]["liveness"] == "http://0.0.0.0:8081/healthz"
-    assert parsed["sandfleet-operator"]["cluster"] == "default"
-    assert parsed["sandfleet-gateway"]["auth"] == "kubernetes"
+            parsed[name] = cli_params(argv, env, scoped)
+        if argv[1] in ("operator", "gateway"):  # their settings classes read the rest
+            with monkeypatch.context() as scoped:
+                settings[name] = server_settings(argv, env, scoped)
+    assert settings["sandfleet-operator"].namespaces == ("sandfleet",)
+    assert settings["sandfleet-operator"].liveness == "http://0.0.0.0:8081/healthz"
+    assert settings["sandfleet-operator"].cluster == "default"
+    assert settings["sandfleet-operator"].log_level == "INFO"
+    assert settings["sandfleet-gateway"].auth == "kubernetes"
+    assert settings["sandfleet-gateway"].cluster == "default"
     assert parsed["sandfleet-learner"]["host"] == "0.0.0.0"
     assert parsed["sandfleet-learner"]["port"] == 8500
     assert parsed["sandfleet-learner"]["device"] == "auto"

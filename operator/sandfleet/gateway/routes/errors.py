@@ -17,7 +17,7 @@ from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import NotAllowed, Unauthenticated
 from sandfleet.gateway.backend import RuntimeAway
 from sandfleet.gateway.disconnect import ClientGone
-from sandfleet.gateway.leasing import (
+from sandfleet.gateway.lease_errors import (
     KeyReused,
     LeaseGone,
     NotTheHolder,

@@ -11,7 +11,8 @@ from sandfleet.core.leases import LeaseError
 from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.auth import Caller
 from sandfleet.gateway.disconnect import ClientGone, unless_disconnected
-from sandfleet.gateway.leasing import Granted, LeaseRequest, PoolQueueFull, WaitTimeout
+from sandfleet.gateway.lease_errors import PoolQueueFull, WaitTimeout
+from sandfleet.gateway.lease_requests import Granted, LeaseRequest
 from sandfleet.gateway.models import (
     AcquireRequest,
     AcquireResponse,

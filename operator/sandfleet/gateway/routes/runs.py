@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from sandfleet.core.profile import Span
-from sandfleet.gateway.leasing import UnknownName
+from sandfleet.gateway.lease_errors import UnknownName
 from sandfleet.gateway.routes.deps import Authed, PartsDep, RunName
 from sandfleet.gateway.run_models import (
     PolicyView,

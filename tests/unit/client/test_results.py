@@ -1,4 +1,4 @@
-"""The client's typed errors and evaluation outcomes, from plain response bodies."""
+"""The client's results from plain answers: typed outcomes, the score an error amounts to, exec bytes."""
 
 from __future__ import annotations
 
@@ -6,41 +6,7 @@ from typing import Any
 
 import pytest
 
-from sandfleet.client import (
-    Evaluation,
-    ExecResult,
-    NotFound,
-    Outcome,
-    SandboxError,
-    SandboxLost,
-    error_for,
-)
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        {"error": "file_not_found", "detail": "no such file: 'x'", "source": "sandbox"},
-        {"error": {"code": "file_not_found", "message": "no such file: 'x'"}},  # an agent's own shape
-    ],
-)
-def test_a_refusal_from_inside_the_sandbox_is_a_typed_sandbox_error(body: dict[str, Any]) -> None:
-    error = error_for(404, body)
-    assert type(error) is SandboxError
-    assert (error.code, error.detail) == ("file_not_found", "no such file: 'x'")
-    assert not error.infrastructure
-
-
-def test_the_gateways_own_errors_keep_their_classes() -> None:
-    missing = error_for(404, {"error": "not_found", "detail": "no lease l-1"})
-    assert type(missing) is NotFound
-    assert missing.code == "not_found"
-    lost = error_for(502, {"error": "sandbox_lost", "detail": "gone"})
-    assert type(lost) is SandboxLost
-    assert lost.infrastructure
-    odd = error_for(500, ["not", "an", "object"])
-    assert odd.code == "error"
-    assert "HTTP 500" in odd.detail
+from sandfleet.client import Evaluation, ExecResult, Outcome, error_for
 
 
 def test_an_evaluation_is_typed_and_still_reads_like_the_response() -> None:

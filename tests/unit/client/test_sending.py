@@ -1,4 +1,4 @@
-"""The client's bearer token from a file (a projected ServiceAccount token that Kubernetes rotates)."""
+"""Which gateway and token the client sends with: a token file is re-read when Kubernetes rotates it."""
 
 from __future__ import annotations
 
