@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+import agent_bundle
 import image_builder as ib
 import task_image
 
@@ -22,7 +23,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("base", help="the base image (the default)")
-    sub.add_parser("prune", help="remove cached images and rootfs other than the current base")
+    sub.add_parser("prune", help="remove cached images, rootfs and agent bundles other than the current")
+    sub.add_parser("agent-bundle", help="the agent bundle the local runtime mounts into foreign images")
     task_image.add_task_arguments(sub.add_parser("task", help="a task image on top of the base"))
     return parser.parse_args(argv)
 
@@ -40,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ib.build_lock():
             if args.command == "prune":
-                for name in ib.prune(args.mirror):
+                for name in [*ib.prune(args.mirror), *agent_bundle.prune()]:
                     ib.progress(f"removed {name}")
+                return 0
+            if args.command == "agent-bundle":
+                bundle = agent_bundle.build_bundle()
+                print(json.dumps(bundle.to_json()) if args.json else bundle.path)
                 return 0
             build = task_image.build_from_args if args.command == "task" else _build_base_from_args
             image = build(args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -10,10 +11,10 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from sandfleet_agent import probe, reaper, reset
+from sandfleet_agent import probe, programs, reaper, reset
 from sandfleet_agent.evaluate import HARBOR_SOLUTION_DIR, HARBOR_TESTS_DIR, default_logs_dir
 from sandfleet_agent.server import AgentConfig, AgentServer
-from sandfleet_agent.users import parse_identity
+from sandfleet_agent.users import Identity, parse_identity
 
 RESET_ROOTS = ("/tmp", "/var/tmp", "/home", "/root", "/dev/shm")
 
@@ -61,6 +62,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="copy the writable roots here (root only) at start, so POST /v1/reset can put them back "
         "(for runtimes without checkpoint and restore); default: no reset",
     )
+    parser.add_argument(
+        "--bundle",
+        default=os.environ.get("SANDFLEET_AGENT_BUNDLE"),
+        help="where the agent bundle is mounted (the agent runs from it, in an image sandfleet did not "
+        "build): its git and setpriv are used, the image's environment comes from "
+        "SANDFLEET_AGENT_IMAGE_ENV (a JSON object), and --root and the users' homes are made",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser.parse_args(argv)
 
@@ -72,11 +80,36 @@ def extra_roots(given: list[str] | None, logs_dir: Path) -> tuple[Path, ...]:
     return tuple(Path(root) for root in given if root)
 
 
+def read_image_env(text: str) -> dict[str, str]:
+    """The image's environment, passed as a JSON object of strings."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ValueError("SANDFLEET_AGENT_IMAGE_ENV must be a JSON object of strings")
+    return {str(key): value for key, value in data.items()}
+
+
+def prepare_image(root: Path, exec_user: Identity | None, verifier_user: Identity | None) -> None:
+    """Make what sandfleet's own image has built in: the working area (the commands' user's) and homes.
+
+    Only the working area's directory itself is given to that user (the image's files in it stay
+    as they are); the root of the filesystem never is.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    if exec_user is not None and root.resolve() != Path("/"):
+        os.chown(root, exec_user.uid, exec_user.gid)
+    for user in (exec_user, verifier_user):
+        if user is not None:
+            home = Path(user.home)
+            home.mkdir(parents=True, exist_ok=True)
+            os.chown(home, user.uid, user.gid)
+            os.chmod(home, 0o755)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM or SIGINT."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     root = Path(args.root)
-    if not root.is_dir():
+    if not root.is_dir() and not args.bundle:
         print(f"sandfleet-agent: --root {str(root)!r} is not a directory", file=sys.stderr)
         return 2
     token = os.environ.get("SANDFLEET_AGENT_TOKEN")
@@ -106,6 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     if exec_user is not None and verifier_user is not None and exec_user.uid == verifier_user.uid:
         print("sandfleet-agent: the verifier must not run as the exec user", file=sys.stderr)
         return 2
+    image_env = None
+    if args.bundle:
+        try:
+            programs.use_bundle(programs.read_bundle(Path(args.bundle)))
+            image_env = read_image_env(os.environ.get("SANDFLEET_AGENT_IMAGE_ENV", "{}"))
+            prepare_image(root, exec_user, verifier_user)
+        except (ValueError, OSError) as error:
+            print(f"sandfleet-agent: --bundle: {error}", file=sys.stderr)
+            return 2
     roots = extra_roots(args.extra_root, Path(args.logs_dir))
     pristine = Path(args.pristine_dir) if args.pristine_dir else None
     # Everywhere the sandbox's users and the files routes can write (the rest of the image is root's).
@@ -129,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_roots=roots,
         pristine=pristine,
         reset_roots=reset_roots,
+        image_env=image_env,
     )
     try:
         server = AgentServer((args.host, args.port), config)

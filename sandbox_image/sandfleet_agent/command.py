@@ -21,12 +21,9 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from sandfleet_agent import reaper
+from sandfleet_agent import programs, reaper
 from sandfleet_agent.users import Identity
 
-# util-linux (Essential in Debian, so in every image built on ours): sets real, effective and saved
-# uid and gid (which also drops every capability) and the supplementary groups, then execs.
-SETPRIV = "/usr/bin/setpriv"
 # Marker groups: far above any gid an image assigns; one per command, not reused while the agent
 # lives (a command may leave a server running that still carries its marker).
 MARKER_BASE = 0x4000_0000
@@ -97,12 +94,20 @@ def start(
     `pass_fds` stay open in the command under their numbers (the scorer's results pipe).
     """
     marker = None if user is None else _new_marker()
+    # Set only when the forked child switches users itself (a fork of the agent, not a vfork).
+    uid: int | None = None
+    gid: int | None = None
+    groups: list[int] | None = None
     if user is not None:
         _check_runnable(argv[0], cwd, env)
-        argv = [
-            *(SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}", f"--groups={marker}", "--"),
-            *argv,
-        ]
+        if switch_by_setpriv(env):
+            argv = [
+                *programs.setpriv(),
+                *(f"--reuid={user.uid}", f"--regid={user.gid}", f"--groups={marker}", "--"),
+                *argv,
+            ]
+        else:
+            uid, gid, groups = user.uid, user.gid, [marker] if marker is not None else []
     try:
         with reaper.spawning() as register:
             proc: subprocess.Popen[bytes] = subprocess.Popen(
@@ -114,11 +119,24 @@ def start(
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 pass_fds=pass_fds,
+                user=uid,
+                group=gid,
+                extra_groups=groups,
             )
             register(proc.pid)
     except OSError as error:
         raise SpawnError(error.errno or 0, error.filename == str(cwd)) from None
     return Command(proc, marker)
+
+
+def switch_by_setpriv(env: dict[str, str]) -> bool:
+    """Whether setpriv may switch users for a command with this environment.
+
+    The bundle's setpriv runs on the bundle's loader, which would load whatever the command's
+    environment preloads (an image's `LD_PRELOAD`, built for the image's libc); such a command
+    is switched by the forked agent instead. The image's own setpriv never minds.
+    """
+    return not programs.from_bundle() or not any(name.startswith("LD_") for name in env)
 
 
 def _check_runnable(program: str, cwd: Path, env: dict[str, str]) -> None:

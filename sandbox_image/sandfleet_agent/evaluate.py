@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
-from sandfleet_agent import scoring, wire
+from sandfleet_agent import programs, scoring, wire
 from sandfleet_agent.errors import AgentError, bad_request, unprocessable
 from sandfleet_agent.params import optional_bool, optional_str
 from sandfleet_agent.paths import Workspace
@@ -281,14 +281,14 @@ def apply_patch(
 def _git_apply(
     flags: list[str], patch: str, cwd: Path, base_env: Mapping[str, str], user: Identity | None
 ) -> subprocess.CompletedProcess[bytes]:
-    argv = ["git", "apply", "--whitespace=nowarn", *flags, "-"]
+    argv = [*programs.git(), "apply", "--whitespace=nowarn", *flags, "-"]
     try:
         # Root never runs git in a tree the episode controls: its config can name programs to run.
         identity = {} if user is None else {"user": user.uid, "group": user.gid, "extra_groups": []}
         proc = tracked_popen(
             argv,
             cwd=cwd,
-            env=dict(base_env),
+            env=programs.own_program_env(base_env),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

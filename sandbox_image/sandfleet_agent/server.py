@@ -12,14 +12,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from sandfleet_agent import files, jobs, probe, process, reset, users
+from sandfleet_agent import files, jobs, probe, process, programs, reset, users
 from sandfleet_agent.errors import AgentError, bad_request, not_found
 from sandfleet_agent.evaluate import Verification, evaluate
 from sandfleet_agent.params import JsonObject, query_flag, query_int, required_query
@@ -58,6 +58,9 @@ class AgentConfig:
     extra_roots: tuple[Path, ...] = ()
     # Where the writable roots were copied at start (POST /v1/reset puts them back); None: no reset.
     pristine: Path | None = None
+    # The image's own environment (its config's Env), for an agent injected into an image it was
+    # not built into: every command starts from it. None: the short allow-list of the agent's own.
+    image_env: dict[str, str] | None = None
     reset_roots: tuple[Path, ...] = ()
     # The sandbox's episode: 0 until the first reset, which moves it on. A call of an earlier
     # episode (one its gateway forwarded late) is refused, so it never reaches the next episode.
@@ -81,7 +84,30 @@ class AgentServer(ThreadingHTTPServer):
         self.jobs = jobs.JobTable()
         self.reset_lock = threading.Lock()
         self.started_at = time.monotonic()
-        self.base_env = base_environment(config.root, config.exec_user)
+        self.base_env = (
+            base_environment(config.root, config.exec_user)
+            if config.image_env is None
+            else image_environment(config.image_env, config.exec_user)
+        )
+
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def image_environment(image_env: Mapping[str, str], user: Identity | None) -> dict[str, str]:
+    """The environment of an image's commands: its config's Env, as a container runtime gives it.
+
+    PATH defaults to the container runtimes' default; HOME is the commands' user's (sandfleet picks
+    that user, not the image), or the image's (else /root) when commands run as the agent. Nothing
+    of the agent's own environment (its token, its bundle) is in it.
+    """
+    env = dict(image_env)
+    env.setdefault("PATH", DEFAULT_PATH)
+    if user is not None:
+        env["HOME"] = user.home
+    else:
+        env.setdefault("HOME", "/root")
+    return env
 
 
 def base_environment(root: Path, user: Identity | None = None) -> dict[str, str]:
@@ -91,7 +117,7 @@ def base_environment(root: Path, user: Identity | None = None) -> dict[str, str]
     bearer token, which the code it runs must not see.
     """
     env = {
-        "PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        "PATH": os.environ.get("PATH", DEFAULT_PATH),
         "HOME": user.home if user is not None else os.environ.get("HOME", str(root)),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -273,9 +299,9 @@ class AgentHandler(BaseHTTPRequestHandler):
     def ready(self, _: re.Match[str]) -> None:
         """Readiness: a real command went through the exec path and exited 0."""
         spec = process.ExecSpec(
-            argv=["true"],
+            argv=programs.ready_check(),
             cwd=self.server.workspace.root,
-            env=self.server.base_env,
+            env=programs.own_program_env(self.server.base_env),
             stdin=b"",
             timeout_s=DEFAULT_READY_TIMEOUT_S,
             max_output_bytes=4096,

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from sandfleet_agent import reaper
+from sandfleet_agent import programs, reaper
 from sandfleet_agent.errors import AgentError
 
 SANDBOX_UID = 1000
@@ -83,7 +82,7 @@ def end_all_processes_of(user: Identity, deadline_s: float = SWEEP_DEADLINE_S) -
             return survivors
         with reaper.spawning() as register:
             helper = subprocess.Popen(
-                [sys.executable, "-S", "-c", _KILL_EVERYTHING],
+                [*programs.python(), "-S", "-c", _KILL_EVERYTHING],
                 env={"DEADLINE": str(max(deadline - time.monotonic(), 0.1))},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -53,6 +53,27 @@ async def ensure_base_image() -> ImageRef:
     return image_ref_from_json(result.stdout.strip().splitlines()[-1])
 
 
+async def ensure_agent_bundle() -> Path:
+    """The agent bundle injected into images sandfleet did not build (sandbox_image/build agent-bundle).
+
+    Cached by the Debian packages' versions and the agent's source: a second call is about a second.
+    """
+    try:
+        result = await run_command(
+            [str(IMAGE_BUILD_SCRIPT), "--json", "agent-bundle"], timeout_s=BUILD_TIMEOUT_S
+        )
+        path = Path(str(json.loads(result.stdout.strip().splitlines()[-1])["path"]))
+    except CommandError as error:
+        raise LocalRuntimeError(
+            f"building the agent bundle failed (sandbox_image/build agent-bundle): {error}"
+        ) from None
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise LocalRuntimeError("unexpected output from sandbox_image/build agent-bundle") from None
+    if not (path / "manifest.json").is_file():
+        raise LocalRuntimeError(f"the agent bundle at {path} has no manifest.json")
+    return path
+
+
 def image_ref_from_json(line: str) -> ImageRef:
     """Read the JSON line sandbox_image/build --json prints."""
     try:

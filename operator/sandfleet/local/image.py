@@ -7,12 +7,14 @@ import fcntl
 import json
 import os
 import shutil
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.commands import CommandError, run_command
 from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.injection import runs_own_agent
 
 UNPACK_TIMEOUT_S = 600.0
 
@@ -26,6 +28,12 @@ class ImageConfig:
     uid: int
     gid: int
     workdir: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def own_agent(self) -> bool:
+        """Whether the image carries sandfleet's agent (else the runtime injects the bundle's)."""
+        return runs_own_agent(self.labels)
 
 
 def _blob(layout: Path, digest: str) -> dict[str, object]:
@@ -46,20 +54,66 @@ def read_image_config(image: ImageRef) -> ImageConfig:
         assert isinstance(config, dict)
     except (OSError, KeyError, ValueError, AssertionError) as error:
         raise LocalRuntimeError(f"cannot read the config of {image.layout}:{image.tag}: {error}") from None
+    labels = config.get("Labels") or {}
+    labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
     argv = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
-    if not argv:
+    own_agent = runs_own_agent(labels)
+    # Only an image that runs its own agent needs an entrypoint and a numeric user now; any other
+    # runs the injected agent as root (its User is not used yet).
+    if own_agent and not argv:
         raise LocalRuntimeError(f"image {image.layout}:{image.tag} has no entrypoint or command")
     user = str(config.get("User") or "0:0")
     uid_text, _, gid_text = user.partition(":")
-    if not uid_text.isdigit() or not (gid_text or uid_text).isdigit():
+    numeric = uid_text.isdigit() and (gid_text or uid_text).isdigit()
+    if own_agent and not numeric:
         raise LocalRuntimeError(f"image user {user!r} must be numeric uid[:gid]")
     return ImageConfig(
         argv=[str(part) for part in argv],
         env=[str(item) for item in config.get("Env") or []],
-        uid=int(uid_text),
-        gid=int(gid_text or uid_text),
+        uid=int(uid_text) if numeric else 0,
+        gid=int(gid_text or uid_text) if numeric else 0,
         workdir=str(config.get("WorkingDir") or "/"),
+        labels=labels,
     )
+
+
+# What the runtime reads of an image's files (its passwd and group), at most.
+MAX_IMAGE_FILE_BYTES = 4 << 20
+
+
+def read_image_file(rootfs: Path, relative: str) -> str | None:
+    """A regular file of an unpacked image, None if absent; no link inside the image is followed.
+
+    The image is untrusted and the runtime is root on the host: `/etc/passwd` may be a link to
+    the host's files, or a FIFO. Each component is opened relative to the last, without following.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    parts = [part for part in relative.split("/") if part]
+    try:
+        fd = os.open(rootfs, flags | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            child = os.open(part, flags | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+            os.close(fd)
+            fd = child
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = b""
+        while len(data) <= MAX_IMAGE_FILE_BYTES:
+            chunk = os.read(fd, MAX_IMAGE_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_IMAGE_FILE_BYTES:
+        return None
+    return data.decode(errors="replace")
 
 
 def rootfs_cache() -> Path:

@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -47,10 +48,19 @@ from sandfleet.core.api import DEFAULT_AGENT_PORT
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.core.recycle import Fingerprint, fingerprint_from_json, probe_problems
 from sandfleet.local import hoststate, network
-from sandfleet.local.artifacts import ImageRef
+from sandfleet.local.artifacts import ImageRef, ensure_agent_bundle
 from sandfleet.local.commands import CommandError, run_command
 from sandfleet.local.errors import LocalRuntimeError
-from sandfleet.local.image import ImageConfig, ensure_rootfs, read_image_config
+from sandfleet.local.image import ImageConfig, ensure_rootfs, read_image_config, read_image_file
+from sandfleet.local.injection import (
+    MOUNT_POINT,
+    BundleLayout,
+    Injection,
+    agent_argv,
+    agent_env,
+    layout_from_manifest,
+    plan_injection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +180,8 @@ class _Served:
     image: ImageRef
     config: ImageConfig
     rootfs: Path
+    # How its sandboxes run the injected agent; None for an image that carries its own.
+    injection: Injection | None = None
 
 
 class LocalRuntime:
@@ -186,6 +198,8 @@ class LocalRuntime:
         ready_timeout_s: float = 30.0,
         debug_log_dir: Path | None = None,
         fleet_key: bytes | None = None,
+        agent_bundle: Path | None = None,
+        inject_all: bool = False,
     ) -> None:
         self.image = image
         self.runsc = runsc
@@ -193,6 +207,11 @@ class LocalRuntime:
         self.agent_port = agent_port
         self.ready_timeout_s = ready_timeout_s
         self.debug_log_dir = debug_log_dir
+        # The agent bundle injected into images sandfleet did not build: this directory, else
+        # sandbox_image/build's (built, or found cached, when the first such image is served).
+        # `inject_all` injects it into sandfleet's own images too (to measure what injection costs).
+        self.agent_bundle = agent_bundle
+        self.inject_all = inject_all
         # Only whoever holds this key (this runtime, and the gateway it is given to) can reach agents.
         self.fleet_key = fleet_key or new_fleet_key()
         # Told (on the event loop) of each sandbox that died without being released.
@@ -201,6 +220,9 @@ class LocalRuntime:
         self.instance_dir = state_dir / "instances" / self.instance_id
         self.runsc_root = self.instance_dir / "runsc"
         self.rootfs = self.instance_dir / "rootfs"
+        self.bundle_mount = self.instance_dir / "agent"
+        self._bundle_layout: BundleLayout | None = None
+        self._bundle_lock = asyncio.Lock()
         self.slots = network.SlotTable(state_dir / "slots", subnet)
         self.sandboxes: dict[str, RunscSandbox] = {}
         self._specs: dict[str, SandboxSpec] = {}
@@ -263,12 +285,40 @@ class LocalRuntime:
     async def _serve(self, image: ImageRef, mountpoint: Path) -> None:
         config = read_image_config(image)
         shared = await ensure_rootfs(image)
+        injected = self.inject_all or not config.own_agent
+        if injected:
+            # runsc makes a bind mount's mount point on the host side, in the read-only root.
+            await asyncio.to_thread(_make_mount_point, shared, image)
         await asyncio.to_thread(mountpoint.mkdir, parents=True)
         # One read-only bind mount shared by all sandboxes: nothing in a sandbox can write to it.
         # It also tells `sandbox_image/build prune` that this unpacked root is in use.
         await run_command(["mount", "--bind", str(shared), str(mountpoint)])
         await run_command(["mount", "-o", "remount,bind,ro", str(mountpoint)])
-        self._served[image.digest] = _Served(image, config, mountpoint)
+        injection = None
+        if injected:
+            await self._mount_bundle()
+            # The agent's users must be nobody the image knows (read without following its links).
+            passwd, group = (read_image_file(shared, name) for name in ("etc/passwd", "etc/group"))
+            try:
+                injection = plan_injection(config.env, config.workdir, passwd, group)
+            except ValueError as error:
+                raise LocalRuntimeError(f"image {image.tag}: {error}") from None
+        self._served[image.digest] = _Served(image, config, mountpoint, injection)
+
+    async def _mount_bundle(self) -> None:
+        """Mount the agent bundle read-only once, for every sandbox of every image that injects it."""
+        async with self._bundle_lock:
+            if self._bundle_layout is not None:
+                return
+            source = self.agent_bundle or await ensure_agent_bundle()
+            try:
+                layout = layout_from_manifest(json.loads((source / "manifest.json").read_text()))
+            except (OSError, ValueError) as error:
+                raise LocalRuntimeError(f"the agent bundle at {source} is unusable: {error}") from None
+            await asyncio.to_thread(self.bundle_mount.mkdir)
+            await run_command(["mount", "--bind", str(source), str(self.bundle_mount)])
+            await run_command(["mount", "-o", "remount,bind,ro", str(self.bundle_mount)])
+            self._bundle_layout = layout
 
     def _image_of(self, spec: SandboxSpec) -> _Served:
         image = spec.image or self.image
@@ -662,22 +712,37 @@ class LocalRuntime:
         config = served.config
         limits = spec.limits
         quota, period = limits.cpu_quota()
-        env = [
-            *config.env,
-            *(f"{key}={value}" for key, value in spec.env.items() if key != AGENT_TOKEN_ENV),
-            f"{AGENT_TOKEN_ENV}={sandbox.token}",
-        ]
+        agent_vars = {key: value for key, value in spec.env.items() if key != AGENT_TOKEN_ENV}
+        agent_vars[AGENT_TOKEN_ENV] = sandbox.token
+        mounts: list[dict[str, object]] = []
+        if served.injection is None:
+            uid, gid, argv, cwd = config.uid, config.gid, config.argv, config.workdir
+            env = [*config.env, *(f"{key}={value}" for key, value in agent_vars.items())]
+        else:
+            # The bundle's agent, root inside gVisor (it switches to its users for every command).
+            assert self._bundle_layout is not None
+            uid, gid, cwd = 0, 0, "/"
+            argv = agent_argv(self._bundle_layout, served.injection, self.agent_port)
+            env = agent_env(served.injection, agent_vars)
+            mounts.append(
+                {
+                    "destination": MOUNT_POINT,
+                    "type": "bind",
+                    "source": str(self.bundle_mount),
+                    "options": ["rbind", "ro", "nosuid", "nodev"],
+                }
+            )
         return {
             "ociVersion": "1.0.2",
             "hostname": "sandbox",
             "process": {
                 "terminal": False,
-                "user": {"uid": config.uid, "gid": config.gid},
-                "args": config.argv,
+                "user": {"uid": uid, "gid": gid},
+                "args": argv,
                 "env": env,
-                "cwd": config.workdir,
+                "cwd": cwd,
                 "noNewPrivileges": True,
-                "capabilities": _capabilities(config.uid),
+                "capabilities": _capabilities(uid),
                 "rlimits": [
                     {"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536},
                     # gVisor's processes are not host processes, so the host pids cgroup cannot
@@ -706,6 +771,7 @@ class LocalRuntime:
                     "source": "tmpfs",
                     "options": ["nosuid", "mode=1777"],
                 },
+                *mounts,
             ],
             "linux": {
                 "namespaces": [
@@ -723,6 +789,21 @@ class LocalRuntime:
                 },
             },
         }
+
+
+def _make_mount_point(rootfs: Path, image: ImageRef) -> None:
+    """An empty directory at the bundle's mount point in an unpacked image (its own, if a directory).
+
+    Anything else there (a link, a file) is refused: the image would decide where the bundle lands.
+    """
+    point = rootfs / MOUNT_POINT.lstrip("/")
+    try:
+        os.mkdir(point, 0o755)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(point).st_mode):
+            raise LocalRuntimeError(
+                f"image {image.tag} has a non-directory at {MOUNT_POINT}, where sandfleet mounts its agent"
+            ) from None
 
 
 async def _nothing() -> None:

@@ -44,13 +44,28 @@ def test_reads_entrypoint_env_user_and_workdir(tmp_path: Path) -> None:
     assert config.env == ["PYTHONPATH=/opt/sandfleet/agent"]
 
 
+OWN_AGENT = {"org.opencontainers.image.title": "sandfleet-sandbox"}
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
-    [({"User": "1000"}, "no entrypoint"), ({"Entrypoint": ["x"], "User": "sandbox"}, "numeric")],
+    [
+        ({"User": "1000", "Labels": OWN_AGENT}, "no entrypoint"),
+        ({"Entrypoint": ["x"], "User": "sandbox", "Labels": OWN_AGENT}, "numeric"),
+    ],
 )
-def test_unusable_configs_are_refused(tmp_path: Path, config: dict[str, object], message: str) -> None:
+def test_unusable_configs_of_images_with_their_own_agent_are_refused(
+    tmp_path: Path, config: dict[str, object], message: str
+) -> None:
     with pytest.raises(LocalRuntimeError, match=message):
         read_image_config(_image(tmp_path, config))
+
+
+def test_any_other_image_needs_no_entrypoint_and_may_name_its_user(tmp_path: Path) -> None:
+    # The injected agent is its process, so neither is used (the image's User is not, yet).
+    config = read_image_config(_image(tmp_path, {"User": "nobody", "Labels": {"x": "y"}}))
+    assert (config.argv, config.uid, config.own_agent, config.workdir) == ([], 0, False, "/")
+    assert config.labels == {"x": "y"}
 
 
 def test_missing_layout_and_bad_build_output(tmp_path: Path) -> None:
