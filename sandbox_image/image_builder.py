@@ -388,8 +388,13 @@ def install_agent(rootfs: Path) -> None:
             what="adding the verifier user",
         )
     # The rootfs is shared read-only at run time: compile now so start-up never tries to write.
+    # Unchecked hashes, not mtimes: the sources are stamped with SOURCE_DATE_EPOCH below, which
+    # would leave mtime-checked bytecode stale and every boot compiling the agent again.
     run(
-        ["chroot", str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q", "/opt/sandfleet/agent"],
+        [
+            *("chroot", str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q"),
+            *("--invalidation-mode", "unchecked-hash", "/opt/sandfleet/agent"),
+        ],
         what="byte-compiling the agent",
     )
     # The sandbox user owns its working area; /logs is root's and /logs/verifier the verifier's,
@@ -467,6 +472,26 @@ def prune(mirror: str) -> list[str]:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(f"rootfs/{entry.name}")
     return removed
+
+
+def prune_image_store() -> list[str]:
+    """Remove the local runtime's store of pulled images (`sandfleet/local/pull.py`), whole.
+
+    Everything in it came from a registry or an archive and is pulled again on the next serve; the
+    rootfs unpacked from it are pruned above (those a running serve shares are kept). Its lock is
+    the pull's own, so no serve is pulling into it meanwhile.
+    """
+    store = Path(os.environ.get("SANDFLEET_IMAGE_STORE") or cache_root().parent / "image-store")
+    if not store.exists():
+        return []
+    store.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(store.parent / f"{store.name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        shutil.rmtree(store, ignore_errors=True)
+    finally:
+        os.close(descriptor)
+    return [store.name]
 
 
 def _mounted(directory: Path) -> bool:

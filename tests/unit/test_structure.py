@@ -401,3 +401,17 @@ modules =
     assert holes.keys() == {"pkg.a", "pkg.a.stray", "pkg.c", "pkg.f", "pkg.f.one"}
     assert "['a-layers']" in holes["pkg.a.stray"]
     assert "containers = pkg.f" in holes["pkg.f.one"]
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    """docs/architecture.md is the map: each module has a row (its file name or path, in backticks)."""
+    page = ARCHITECTURE.read_text()
+    unnamed = [
+        str(path.relative_to(REPO))
+        for root, prefix in ((PACKAGE_ROOT, ""), (SANDBOX_IMAGE, "sandbox_image/"))
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "__init__.py"
+        and f"`{path.name}`" not in page
+        and f"`{prefix}{path.relative_to(root).as_posix()}`" not in page
+    ]
+    assert not unnamed, f"name these modules in docs/architecture.md, with what each holds: {unnamed}"

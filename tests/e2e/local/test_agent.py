@@ -35,6 +35,20 @@ async def test_health_and_ready_from_inside_the_sandbox(
     assert sandbox.timings["total_s"] > 0
 
 
+async def test_the_agent_boots_from_its_bytecode(agent: httpx.AsyncClient) -> None:
+    # Bytecode that does not match its source is ignored: each boot would compile the agent again.
+    body = await sh(
+        agent, "PYTHONPATH=/opt/sandfleet/agent python3 -v -c 'import sandfleet_agent.server' 2>&1"
+    )
+    loaded = [
+        line
+        for line in body["stdout"].splitlines()
+        if "code object from" in line and "sandfleet_agent" in line
+    ]
+    assert loaded, body["stdout"][-2000:]
+    assert all(".pyc'" in line for line in loaded), [line for line in loaded if ".pyc'" not in line]
+
+
 async def test_exec_argv_shell_cwd_env_stdin(agent: httpx.AsyncClient) -> None:
     await sh(agent, "mkdir -p /workspace/sub")
     body = await sh(
