@@ -23,7 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("base", help="the base image (the default)")
-    sub.add_parser("prune", help="remove cached images, rootfs and agent bundles other than the current")
+    sub.add_parser("prune", help="remove cached and pulled images, rootfs and agent bundles but the current")
     sub.add_parser("agent-bundle", help="the agent bundle the local runtime mounts into foreign images")
     task_image.add_task_arguments(sub.add_parser("task", help="a task image on top of the base"))
     return parser.parse_args(argv)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ib.build_lock():
             if args.command == "prune":
-                for name in [*ib.prune(args.mirror), *agent_bundle.prune()]:
+                for name in [*ib.prune(args.mirror), *agent_bundle.prune(), *ib.prune_image_store()]:
                     ib.progress(f"removed {name}")
                 return 0
             if args.command == "agent-bundle":

@@ -40,9 +40,26 @@ def serve(
         list[str] | None,
         typer.Option(
             "--image",
-            help="An image to serve, `LAYOUT:TAG` (an OCI layout, as `sandbox_image/build task` prints) or "
-            "`base`; repeat for several. Leases name an image by its tag; the first is the pool's own. "
-            "Default: the base image.",
+            help="An image to serve: `LAYOUT:TAG` (an OCI layout, as `sandbox_image/build task` prints), "
+            "a registry's `docker://HOST[:PORT]/NAME:TAG` (or `HOST[:PORT]/NAME:TAG`), "
+            "`oci-archive:PATH[:TAG]`, `docker-archive:PATH` (`docker save` output) or `base`; repeat for "
+            "several. Pulled images land in ~/.cache/sandfleet/image-store, pinned by digest at start. "
+            "Leases name an image by its tag (a layout's) or the reference as given (less `docker://`); "
+            "the first is the pool's own. Default: the base image.",
+        ),
+    ] = None,
+    registry_auth_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar=["SANDFLEET_REGISTRY_AUTH_FILE", "REGISTRY_AUTH_FILE"],
+            help="Registry credentials, containers-auth.json as `skopeo login --authfile` writes it.",
+        ),
+    ] = None,
+    registry_cert_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SANDFLEET_REGISTRY_CERT_DIR",
+            help="A directory of CA certificates (`*.crt`) to trust for registries (skopeo --src-cert-dir).",
         ),
     ] = None,
     recycle_episodes: Annotated[
@@ -64,6 +81,7 @@ def serve(
 
     import uvicorn
     from rich.console import Console
+    from rich.markup import escape
 
     from sandfleet.cli.settings_flags import load_settings
     from sandfleet.core.recycle import RecyclePolicy
@@ -73,8 +91,9 @@ def serve(
     from sandfleet.gateway.runs import MemoryPolicyStore
     from sandfleet.gateway.serving import guarded_protocol
     from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, TenantSettings
-    from sandfleet.local.artifacts import ImageRef, ensure_base_image, ensure_runsc, image_ref_from_layout
+    from sandfleet.local.artifacts import ImageRef, ensure_base_image, ensure_runsc
     from sandfleet.local.errors import LocalRuntimeError
+    from sandfleet.local.pull import RegistryAccess, resolve_image
     from sandfleet.local.runtime import LocalRuntime
 
     console = Console(stderr=True)
@@ -100,7 +119,9 @@ def serve(
         with console.status("building (or finding) runsc and the sandbox image..."):
             runsc = asyncio.run(ensure_runsc())
             base = asyncio.run(ensure_base_image())
-        images = [base if name == "base" else image_ref_from_layout(name) for name in names]
+        access = RegistryAccess(auth_file=registry_auth_file, cert_dir=registry_cert_dir)
+        with console.status("finding (or pulling) the images..."):
+            images = [base if name == "base" else asyncio.run(resolve_image(name, access)) for name in names]
         if tasks:
             from sandfleet.rl.catalogue_tasks import DEFAULT_CATALOGUE, build_image, image_name, load_tasks
             from sandfleet.tasks.fetching import TaskBuildError
@@ -115,7 +136,8 @@ def serve(
         sandboxes = LocalRuntime(images[0], runsc)  # a fresh fleet key: only this process reaches agents
         backend = LocalBackend(sandboxes, pool, images, warm, recycle=recycle)
     except LocalRuntimeError as error:
-        console.print(f"[red]error:[/red] {error}")
+        # One unwrapped line, the message as it is (no markup read in it): what was wrong, what to do.
+        console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)
         raise typer.Exit(1) from None
     authenticator = Authenticator(
         static_tokens=parse_token_file(token_file.read_text()) if token_file else {},

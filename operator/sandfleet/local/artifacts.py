@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandfleet.local.commands import CommandError, run_command
-from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.errors import ImageNotFoundError, LocalRuntimeError
 
 REPO = Path(__file__).resolve().parents[3]
 GVISOR_SCRIPT = REPO / "hack" / "gvisor"
@@ -19,11 +19,21 @@ BUILD_TIMEOUT_S = 1800.0
 
 @dataclass(frozen=True)
 class ImageRef:
-    """An image in an OCI layout on this host."""
+    """An image in an OCI layout on this host.
+
+    `tag` is what leases call it; `ref_name` is its name in the layout when that differs (an image
+    pulled into the store is named by its pinned digest there, `pin-sha256-<hex>`).
+    """
 
     layout: Path
     tag: str
     digest: str
+    ref_name: str = ""
+
+    @property
+    def layout_ref(self) -> str:
+        """`LAYOUT:NAME`, as umoci takes it."""
+        return f"{self.layout}:{self.ref_name or self.tag}"
 
 
 async def ensure_runsc() -> Path:
@@ -96,19 +106,37 @@ def image_ref_from_layout(reference: str) -> ImageRef:
     if path and not Path(path).is_dir():  # `:` inside the directory name, no tag after it
         path, tag = reference, ""
     layout = Path(path)
+    tagged = layout_tags(layout)
+    if not tag:
+        if len(tagged) != 1:
+            raise ImageNotFoundError(
+                f"{layout} holds tags {sorted(tagged) or 'none'}: name one as LAYOUT:TAG"
+            )
+        (tag,) = tagged
+    if tag not in tagged:
+        raise ImageNotFoundError(
+            f"{layout} has no tag {tag!r} (it has {', '.join(sorted(tagged)) or 'none'})"
+        )
+    return ImageRef(layout=layout, tag=tag, digest=tagged[tag])
+
+
+def layout_tags(layout: Path) -> dict[str, str]:
+    """Each name an OCI layout's index.json holds, with the manifest digest it names."""
     try:
         index = json.loads((layout / "index.json").read_text())
         manifests = [m for m in index["manifests"] if isinstance(m, dict)]
     except (OSError, ValueError, KeyError, TypeError):
-        raise LocalRuntimeError(f"{layout} is not an OCI image layout (no readable index.json)") from None
+        raise ImageNotFoundError(f"{layout} is not an OCI image layout (no readable index.json)") from None
     tagged = {
         str((m.get("annotations") or {}).get(REF_NAME, "")): str(m.get("digest", "")) for m in manifests
     }
     tagged.pop("", None)
-    if not tag:
-        if len(tagged) != 1:
-            raise LocalRuntimeError(f"{layout} holds tags {sorted(tagged) or 'none'}: name one as LAYOUT:TAG")
-        (tag,) = tagged
-    if tag not in tagged:
-        raise LocalRuntimeError(f"{layout} has no tag {tag!r} (it has {', '.join(sorted(tagged)) or 'none'})")
-    return ImageRef(layout=layout, tag=tag, digest=tagged[tag])
+    return tagged
+
+
+def tagged_digest(layout: Path, name: str) -> str | None:
+    """The digest `name` names in the layout now, None when it names none."""
+    try:
+        return layout_tags(layout).get(name)
+    except ImageNotFoundError:
+        return None

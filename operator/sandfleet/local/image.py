@@ -11,9 +11,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandfleet.local.artifacts import ImageRef
+from sandfleet.local.artifacts import ImageRef, tagged_digest
 from sandfleet.local.commands import CommandError, run_command
-from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.errors import ImageSourceError, LocalRuntimeError
 from sandfleet.local.injection import runs_own_agent
 
 UNPACK_TIMEOUT_S = 600.0
@@ -137,14 +137,22 @@ async def ensure_rootfs(image: ImageRef) -> Path:
         partial = directory.parent / f".{directory.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
+        # The digest was pinned at serve start: a tag moved in its layout since must not change it.
+        now = tagged_digest(image.layout, image.ref_name or image.tag)
+        if now != image.digest:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ImageSourceError(
+                f"{image.layout_ref} names {now or 'nothing'} now, not {image.digest} as when it was "
+                "served: restart serve to serve what the tag names now"
+            )
         try:
             await run_command(
-                ["umoci", "raw", "unpack", "--image", f"{image.layout}:{image.tag}", str(partial / "rootfs")],
+                ["umoci", "raw", "unpack", "--image", image.layout_ref, str(partial / "rootfs")],
                 timeout_s=UNPACK_TIMEOUT_S,
             )
         except CommandError as error:
             shutil.rmtree(partial, ignore_errors=True)
-            raise LocalRuntimeError(f"unpacking {image.layout}:{image.tag} failed: {error}") from None
+            raise LocalRuntimeError(f"unpacking {image.layout_ref} failed: {error}") from None
         partial.rename(directory)
         return rootfs
     finally:

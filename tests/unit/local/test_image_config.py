@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sandfleet.local.artifacts import ImageRef, image_ref_from_json
-from sandfleet.local.errors import LocalRuntimeError
-from sandfleet.local.image import read_image_config
+from sandfleet.local.errors import ImageSourceError, LocalRuntimeError
+from sandfleet.local.image import ensure_rootfs, read_image_config
 
 
 def _blob(layout: Path, document: dict[str, object]) -> str:
@@ -73,3 +74,22 @@ def test_missing_layout_and_bad_build_output(tmp_path: Path) -> None:
         read_image_config(ImageRef(layout=tmp_path, tag="t", digest="sha256:00"))
     with pytest.raises(LocalRuntimeError, match="unexpected output"):
         image_ref_from_json("image: something went wrong")
+
+
+def test_a_tag_moved_in_its_layout_since_serve_started_is_not_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The digest read at start is what is served: the layout's tag naming other content is refused."""
+    monkeypatch.setenv("SANDFLEET_CACHE", str(tmp_path / "cache"))
+    layout = tmp_path / "layout"
+    pinned = _image(layout, {"Env": ["A=1"]})
+    moved = _image(layout, {"Env": ["A=2"]})
+    annotations = {"org.opencontainers.image.ref.name": "t"}
+    (layout / "index.json").write_text(
+        json.dumps({"manifests": [{"digest": moved.digest, "annotations": annotations}]})
+    )
+    with pytest.raises(ImageSourceError, match="restart serve"):
+        asyncio.run(ensure_rootfs(pinned))
+    assert not [p for p in (tmp_path / "cache" / "rootfs").iterdir() if p.is_dir()]  # nothing unpacked
+    # A pulled image is unpacked by its pin, which never moves (`LAYOUT:pin-sha256-<hex>`).
+    assert ImageRef(layout, "registry/x:v1", pinned.digest, "pin-x").layout_ref == f"{layout}:pin-x"
