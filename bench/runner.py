@@ -66,6 +66,12 @@ BENCHMARKS = (
         "sandbox_cold", "sandbox_cold.py", "local gVisor sandbox: cold, restored, warm", "runsc, root", 3
     ),
     Benchmark("agent_exec", "agent_exec.py", "exec through the in-sandbox agent", "runsc, root", 3),
+    Benchmark(
+        "image_cold_start",
+        "image_cold_start.py",
+        "any image's cold start by phase (pull, unpack, boot, ready): busybox, base, a 1 GB conda image",
+        "runsc, root",
+    ),
     Benchmark("sandbox_density", "sandbox_density.py", "20 sandboxes on 2 cores", "runsc, root"),
     Benchmark("rl_loop", "rl_loop.py", "reference async RL loop and its profile", "runsc, root"),
     Benchmark(

@@ -12,6 +12,7 @@ import os
 import sys
 
 import agent_bundle
+import bundle_image
 import image_builder as ib
 import task_image
 
@@ -25,6 +26,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub.add_parser("base", help="the base image (the default)")
     sub.add_parser("prune", help="remove cached and pulled images, rootfs and agent bundles but the current")
     sub.add_parser("agent-bundle", help="the agent bundle the local runtime mounts into foreign images")
+    sub.add_parser(
+        "agent-bundle-image",
+        help="the agent bundle as an image, for Kubernetes (pools with agent: injected; builds the bundle)",
+    )
     task_image.add_task_arguments(sub.add_parser("task", help="a task image on top of the base"))
     return parser.parse_args(argv)
 
@@ -48,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "agent-bundle":
                 bundle = agent_bundle.build_bundle()
                 print(json.dumps(bundle.to_json()) if args.json else bundle.path)
+                return 0
+            if args.command == "agent-bundle-image":
+                image = bundle_image.build_bundle_image()
+                print(json.dumps({**image.to_json(), "ref": image.tag}) if args.json else image.digest)
                 return 0
             build = task_image.build_from_args if args.command == "task" else _build_base_from_args
             image = build(args)

@@ -474,6 +474,11 @@ def prune(mirror: str) -> list[str]:
     return removed
 
 
+def image_store() -> Path:
+    """The pulled images' store, as `sandfleet/local/pull.py` places it (a test holds the two equal)."""
+    return Path(os.environ.get("SANDFLEET_IMAGE_STORE") or cache_root().parent / "image-store")
+
+
 def prune_image_store() -> list[str]:
     """Remove the local runtime's store of pulled images (`sandfleet/local/pull.py`), whole.
 
@@ -481,7 +486,7 @@ def prune_image_store() -> list[str]:
     rootfs unpacked from it are pruned above (those a running serve shares are kept). Its lock is
     the pull's own, so no serve is pulling into it meanwhile.
     """
-    store = Path(os.environ.get("SANDFLEET_IMAGE_STORE") or cache_root().parent / "image-store")
+    store = image_store()
     if not store.exists():
         return []
     store.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Command line of hack/cluster: build, up, down, status, kubeconfig, bin-dir, import-image.
+"""Command line of hack/cluster: build, up, down, status, kubeconfig, bin-dir, import-image, trust-registry.
 
 `up --clusters N` starts N member clusters side by side (localcluster.members); `down` stops every
 member, `status` shows each, `kubeconfig --member I` names one's.
@@ -63,6 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument(
         "--ref", help="the name Pods use, e.g. sandfleet/sandbox:0.1.0 (default: the archive's)"
     )
+    load.add_argument(
+        "--no-keep",
+        action="store_true",
+        help="no keeper Pod: the kubelet's image GC may remove it once no container uses it",
+    )
+    trust = commands.add_parser(
+        "trust-registry",
+        help="let the real node's containerd pull from HOST[:PORT] over TLS signed by CA (hosts.toml)",
+    )
+    trust.add_argument("host", help="the registry as image references name it, e.g. 127.0.0.1:5000")
+    trust.add_argument("ca", type=Path, help="the CA certificate (PEM) that signed the registry's")
     args = parser.parse_args(argv)
 
     # Two `up`s of one cluster at once (two test sessions, a benchmark) would each take the other's
@@ -141,7 +152,11 @@ def _run(
     elif args.command == "import-image":
         if not args.archive.is_file():
             parser.error(f"{args.archive} is not a file")
-        print(cluster.import_image(args.archive, args.ref))
+        print(cluster.import_image(args.archive, args.ref, keep=not args.no_keep))
+    elif args.command == "trust-registry":
+        if not args.ca.is_file():
+            parser.error(f"{args.ca} is not a file")
+        print(cluster.trust_registry(args.host, args.ca))
     return 0
 
 

@@ -337,7 +337,7 @@ class LocalCluster:
         return result.returncode == 0 and result.stdout.strip() == "ok"
 
     def _start_real_node(self, gvisor_bin: Path) -> None:
-        """Start containerd, import the pause and sandbox images, then kubelet, kube-proxy, kube-router."""
+        """Start containerd, import the pause, sandbox and agent bundle images, then the node's daemons."""
         node = self.real_node
         assert node is not None
         assert self.real_node_spec is not None
@@ -348,6 +348,7 @@ class LocalCluster:
             return
         pause_archive, pause_ref = images.pause_image()
         sandbox_archive = realnode.sandbox_image_archive()
+        bundle_archive, bundle_ref = realnode.agent_bundle_image_archive()
         for daemon in reversed(node.daemons()):
             daemon.stop()
         node.write_configs(gvisor_bin, pause_ref)
@@ -355,6 +356,7 @@ class LocalCluster:
         node.start_runtime()
         node.import_image(pause_archive)
         node.import_image(sandbox_archive, realnode.SANDBOX_IMAGE_REF)
+        node.import_image(bundle_archive, bundle_ref)
         self.kubectl(
             "apply",
             "-f",
@@ -389,6 +391,9 @@ class LocalCluster:
             raise SystemExit(f"kube-router exited while starting; its log:\n{router.log_tail()}")
         if self.kubectl("get", "runtimeclass", realnode.RUNTIME_CLASS, check=False).returncode != 0:
             self.kubectl("create", "-f", "-", stdin=json.dumps(realnode.RUNTIME_CLASS_MANIFEST), check=False)
+        (node.root / "agent-bundle.ref").write_text(bundle_ref)
+        for ref in (pause_ref, realnode.SANDBOX_IMAGE_REF, bundle_ref):
+            self.keep_image(ref)
         _log(f"real node {name} Ready in {time.monotonic() - started:.1f}s")
 
     def _node_ready(self, name: str) -> bool:
@@ -408,15 +413,49 @@ class LocalCluster:
             return False
         return result.returncode == 0 and result.stdout.strip() == "True"
 
-    def import_image(self, archive: Path, ref: str | None = None) -> str:
-        """Import an OCI archive into the real node's containerd; the name Pods use for it."""
+    def import_image(self, archive: Path, ref: str | None = None, keep: bool = True) -> str:
+        """Import an OCI archive into the real node's containerd; the name Pods use for it.
+
+        `keep`: hold it with a keeper Pod, out of the image GC's reach (keep_image).
+        """
         node = self.real_node
         if node is None or node.running().get("containerd") is None:
             raise SystemExit("no real node runs: `hack/cluster up --real-node` first")
         try:
-            return node.import_image(archive, ref)
+            name = node.import_image(archive, ref)
         except ValueError as error:
             raise SystemExit(str(error)) from None
+        if keep:
+            self.keep_image(name)
+        return name
+
+    def keep_image(self, ref: str) -> None:
+        """Hold an imported image on the real node with a keeper Pod (realnode.keeper_pod).
+
+        The kubelet's image GC then never removes it: no registry could bring it back.
+        """
+        node = self.real_node
+        assert node is not None
+        bundle_ref = (node.root / "agent-bundle.ref").read_text().strip()
+        if self.kubectl("get", "pod", "-n", realnode.KEEPER_NAMESPACE, realnode.keeper_name(ref),
+                        check=False).returncode == 0:  # fmt: skip
+            return
+        manifest = json.dumps(realnode.keeper_pod(ref, bundle_ref, node.spec.name))
+        deadline = time.monotonic() + 60
+        while True:  # a fresh cluster's kube-system has no default ServiceAccount for a moment
+            created = self.kubectl("create", "-f", "-", stdin=manifest, check=False)
+            if created.returncode == 0 or "AlreadyExists" in created.stderr:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the keeper Pod of {ref} was refused: {created.stderr.strip()}")
+            time.sleep(0.5)
+
+    def trust_registry(self, host: str, ca: Path) -> Path:
+        """Let the real node's containerd pull from `host` over TLS signed by `ca` (hosts.toml)."""
+        node = self.real_node
+        if node is None:
+            raise SystemExit("no real node: `hack/cluster up --real-node` first")
+        return node.trust_registry(host, ca)
 
     def down(self, quiet: bool = False) -> None:
         """Stop every daemon (reverse order) and remove all state; leaves no process or port."""

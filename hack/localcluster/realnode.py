@@ -9,6 +9,7 @@ cluster's state directory or named `sf*`. `teardown` removes all of it, whether 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -51,6 +52,22 @@ SYSCTLS = {
     "net.ipv4.ip_forward": "1",
     "net.bridge.bridge-nf-call-iptables": "1",
 }
+# Image garbage collection (the kubelet's defaults): above HIGH % of the image filesystem used,
+# unused images go, least recently used first, until LOW %. SANDFLEET_IMAGE_GC_{HIGH,LOW,MIN_AGE}
+# move them (a scratch node proving the GC; docs/real-node.md, "Images").
+IMAGE_GC_HIGH_PERCENT = 85
+IMAGE_GC_LOW_PERCENT = 80
+IMAGE_GC_MIN_AGE = "2m"
+# Images nothing can pull again (imported with `ctr`: the pause, sandbox and agent bundle images,
+# anything `import-image` names) are each held by a keeper Pod whose container uses the image:
+# the kubelet never collects an image a container on the node uses, and containerd 1.6 cannot
+# pin one (its CRI reports no image as pinned; the pinned label arrived in 1.7).
+KEEPER_NAMESPACE = "kube-system"
+KEEPER_LABEL = "sandfleet.dev/image-keeper"
+KEEPER_IMAGE_ANNOTATION = "sandfleet.dev/kept-image"
+KEEPER_SLEEP = ["sleep", "2147483647"]
+# Per-registry hosts (hosts.toml, and the CA it trusts) under the node's containerd directory.
+REGISTRY_HOSTS_DIR = "containerd/certs.d"
 # Chains and ipsets the node's components create; teardown removes whatever is left of them.
 CHAIN_PREFIXES = ("KUBE-", "CNI-")
 IPSET_PREFIXES = ("KUBE-", "kube-router-")
@@ -143,6 +160,23 @@ def sandbox_image_archive() -> Path:
     return Path(json.loads(built.stdout.strip().splitlines()[-1])["archive"])
 
 
+def agent_bundle_image_archive() -> tuple[Path, str]:
+    """Build (or reuse) the agent bundle image (pools with agent: injected); its archive and name.
+
+    Its name is the operator's and the chart's default (`localhost/sandfleet/agent-bundle:<version>`).
+    """
+    built = subprocess.run(
+        [str(SANDBOX_IMAGE_BUILD), "--json", "agent-bundle-image"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        raise SystemExit("sandbox_image/build agent-bundle-image failed (see above)")
+    result = json.loads(built.stdout.strip().splitlines()[-1])
+    return Path(result["archive"]), str(result["ref"])
+
+
 class RealNode:
     """One real node rooted in the cluster's state directory."""
 
@@ -163,9 +197,26 @@ class RealNode:
     def runsc_root(self) -> Path:
         return self.root / "runsc"
 
+    @property
+    def registry_hosts(self) -> Path:
+        """The CRI's registry `config_path`: a directory per registry host, read at every pull."""
+        return self.root / REGISTRY_HOSTS_DIR
+
     def ctr(self) -> list[str]:
         """The `ctr` command line for this node's containerd."""
         return ["ctr", f"--address={self.containerd_socket}"]
+
+    def trust_registry(self, host: str, ca: Path) -> Path:
+        """Let containerd pull from `host` (HOST[:PORT]) over TLS signed by `ca`; the hosts.toml written.
+
+        Read at every pull, so no restart; credentials come from each Pod's imagePullSecrets.
+        """
+        directory = self.registry_hosts / host
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "ca.crt").write_bytes(ca.read_bytes())
+        hosts = directory / "hosts.toml"
+        hosts.write_text(registry_hosts_toml(host, directory / "ca.crt"))
+        return hosts
 
     # -- daemons --------------------------------------------------------------------------------
 
@@ -267,7 +318,8 @@ class RealNode:
 
     def write_configs(self, gvisor_bin: Path, pause_ref: str) -> None:
         r = self.root
-        for sub in ("containerd/root", "containerd/state", "cni/net.d", "cni/ipam", "kubelet", "pod-logs"):
+        subs = ("containerd/root", "containerd/state", REGISTRY_HOSTS_DIR, "cni/net.d", "cni/ipam")
+        for sub in (*subs, "kubelet", "pod-logs"):
             (r / sub).mkdir(parents=True, exist_ok=True)
         # containerd finds a runtime's shim on its PATH: this directory holds only ours (patched,
         # see build.RUNSC_SHIM_PATCHES); the shim runs hack/gvisor's runsc named in runsc.toml.
@@ -553,11 +605,106 @@ state = "{root / "containerd" / "state"}"
   TypeUrl = "io.containerd.runsc.v1.options"
   ConfigPath = "{root / "runsc.toml"}"
 
+# Registries: one directory per host (hosts.toml with its CA; `hack/cluster trust-registry`).
+[{cri}.registry]
+  config_path = "{root / REGISTRY_HOSTS_DIR}"
+
 [{cri}.cni]
   bin_dir = "{CNI_BIN_DIR}"
   conf_dir = "{root / "cni" / "net.d"}"
   max_conf_num = 1
 """
+
+
+def registry_hosts_toml(host: str, ca: Path) -> str:
+    """The hosts.toml of one registry: HTTPS, pull and resolve, this CA."""
+    return (
+        f"# {host}: trusted by hack/cluster trust-registry\n"
+        f'server = "https://{host}"\n\n'
+        f'[host."https://{host}"]\n'
+        '  capabilities = ["pull", "resolve"]\n'
+        f'  ca = "{ca}"\n'
+    )
+
+
+def image_gc_policy(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The kubelet's image GC settings (SANDFLEET_IMAGE_GC_HIGH, _LOW, _MIN_AGE override them)."""
+    env = os.environ if environ is None else environ
+    high = int(env.get("SANDFLEET_IMAGE_GC_HIGH", IMAGE_GC_HIGH_PERCENT))
+    low = int(env.get("SANDFLEET_IMAGE_GC_LOW", IMAGE_GC_LOW_PERCENT))
+    if not 0 <= low < high <= 100:
+        raise SystemExit(f"image GC thresholds need 0 <= low < high <= 100, not low {low}, high {high}")
+    return {
+        "imageGCHighThresholdPercent": high,
+        "imageGCLowThresholdPercent": low,
+        "imageMinimumGCAge": env.get("SANDFLEET_IMAGE_GC_MIN_AGE", IMAGE_GC_MIN_AGE),
+    }
+
+
+def keeper_name(ref: str) -> str:
+    return f"sandfleet-keep-{hashlib.sha256(ref.encode()).hexdigest()[:12]}"
+
+
+def keeper_pod(ref: str, bundle_ref: str, node: str = NODE_NAME) -> dict[str, Any]:
+    """A Pod on the real node whose one container uses image `ref`, so the kubelet never collects it.
+
+    The container sleeps with busybox from the agent bundle image (copied by an init container into
+    a small emptyDir), so it runs in any image, with or without a shell. runc, not gVisor: it only
+    has to exist. No token, no service links, nobody's uid, read-only root, no capabilities.
+    """
+    own = ref == bundle_ref
+    security = {
+        "runAsUser": 65534,
+        "runAsGroup": 65534,
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    resources = {"requests": {"cpu": "1m", "memory": "4Mi"}, "limits": {"memory": "16Mi"}}
+    busybox = "/.sandfleet/bin/busybox"
+    container: dict[str, Any] = {
+        "name": "keep",
+        "image": ref,
+        "imagePullPolicy": "Never",
+        "command": [busybox if own else "/keep/busybox", *KEEPER_SLEEP],
+        "securityContext": security,
+        "resources": resources,
+    }
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 0,
+        "priorityClassName": "system-node-critical",
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+    }
+    if not own:
+        container["volumeMounts"] = [{"name": "keep", "mountPath": "/keep", "readOnly": True}]
+        spec["volumes"] = [{"name": "keep", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}]
+        spec["initContainers"] = [
+            {
+                "name": "busybox",
+                "image": bundle_ref,
+                "imagePullPolicy": "Never",
+                "command": [busybox, "cp", busybox, "/keep/busybox"],
+                "volumeMounts": [{"name": "keep", "mountPath": "/keep"}],
+                "securityContext": security,
+                "resources": resources,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": keeper_name(ref),
+            "namespace": KEEPER_NAMESPACE,
+            "labels": {KEEPER_LABEL: "true"},
+            "annotations": {KEEPER_IMAGE_ANNOTATION: ref},
+        },
+        "spec": spec,
+    }
 
 
 def cni_config(root: Path) -> dict[str, Any]:
@@ -616,9 +763,9 @@ def kubelet_config(root: Path, pki: Pki, ports: NodePorts) -> dict[str, Any]:
         "volumePluginDir": str(root / "kubelet" / "volume-plugins"),
         "maxPods": 110,
         "serializeImagePulls": False,
-        # Images come from `ctr import`, never a registry: garbage-collecting one loses it for good.
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
+        # Pulled images are collected as on any node; the imported ones, which no registry serves,
+        # are each held by a keeper Pod (keeper_pod) and so never unused.
+        **image_gc_policy(),
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "nodeStatusReportFrequency": "10s",
         "syncFrequency": "10s",

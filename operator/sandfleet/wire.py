@@ -48,6 +48,10 @@ VERIFIER_CANNOT_RUN: Final = frozenset(
     {"no_test_command", "command_not_found", "command_not_executable", "verifier_dir_unwritable"}
 )
 
+# An agent whose commands run as root refuses to score in place (its processes may reach the agent):
+# the gateway scores such an episode in a clean sandbox (gateway/clean_scoring.py).
+SCORE_ELSEWHERE: Final = "score_elsewhere"
+
 # A Problem's `source` when the sandbox's agent refused, not the gateway (a 404 for a missing file,
 # not for a missing lease): the gateway's proxy writes it, the client reads it.
 FROM_SANDBOX: Final = "sandbox"

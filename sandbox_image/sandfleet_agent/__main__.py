@@ -11,12 +11,18 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from sandfleet_agent import probe, programs, reaper, reset
+from sandfleet_agent import image_config, image_files, probe, programs, reaper, reset
 from sandfleet_agent.evaluate import HARBOR_SOLUTION_DIR, HARBOR_TESTS_DIR, default_logs_dir
-from sandfleet_agent.server import AgentConfig, AgentServer
+from sandfleet_agent.server import DEFAULT_PATH, AgentConfig, AgentServer
 from sandfleet_agent.users import Identity, parse_identity
 
 RESET_ROOTS = ("/tmp", "/var/tmp", "/home", "/root", "/dev/shm")
+# `--root auto`, `--exec-user auto`, `--image-env auto`: learn it from the image, inside the sandbox.
+AUTO = "auto"
+# `--exec-user image:USER`: commands run as the image's own user (root for most task images).
+IMAGE_USER = "image:"
+EXEC_HOME = "/home/sandbox"
+VERIFIER_HOME = "/home/verifier"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -24,7 +30,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sandfleet-agent", description=__doc__)
     parser.add_argument("--host", default=os.environ.get("SANDFLEET_AGENT_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SANDFLEET_AGENT_PORT", "8000")))
-    parser.add_argument("--root", default=os.environ.get("SANDFLEET_AGENT_ROOT", "/workspace"))
+    parser.add_argument(
+        "--root",
+        default=os.environ.get("SANDFLEET_AGENT_ROOT", "/workspace"),
+        help="the working area; 'auto': the directory the agent starts in (the image's WorkingDir), "
+        "/workspace when that is /",
+    )
     parser.add_argument("--logs-dir", default=str(default_logs_dir()))
     parser.add_argument(
         "--token-file",
@@ -40,14 +51,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--exec-user",
         default=os.environ.get("SANDFLEET_AGENT_EXEC_USER", "none"),
-        help="UID:GID every exec and job runs as (HOME /home/sandbox; the image passes 1000:1000), "
+        help="UID:GID[:HOME] every exec and job runs as (HOME /home/sandbox; the image passes 1000:1000), "
+        "'auto' (with --verifier-user auto) for the first two ids from 1000000 the image's "
+        "/etc/passwd and /etc/group do not name, 'image:USER' for the image's own user as its "
+        "/etc/passwd resolves it, 'root' for root (then this sandbox never scores its own episode), "
         "or 'none' (the default) for the agent's own",
     )
     parser.add_argument(
         "--verifier-user",
         default=os.environ.get("SANDFLEET_AGENT_VERIFIER_USER", "none"),
         help="UID:GID evaluate runs the tests as (HOME /home/verifier; the image passes 1001:1001), "
-        "or 'none' (the default) for the agent's own",
+        "'auto' (with --exec-user auto or image:USER), or 'none' (the default) for the agent's own",
     )
     parser.add_argument(
         "--extra-root",
@@ -67,7 +81,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=os.environ.get("SANDFLEET_AGENT_BUNDLE"),
         help="where the agent bundle is mounted (the agent runs from it, in an image sandfleet did not "
         "build): its git and setpriv are used, the image's environment comes from "
-        "SANDFLEET_AGENT_IMAGE_ENV (a JSON object), and --root and the users' homes are made",
+        "--image-env, and --root and the users' homes are made",
+    )
+    parser.add_argument(
+        "--image-env",
+        default=os.environ.get("SANDFLEET_AGENT_IMAGE_ENV", "{}"),
+        help="with --bundle: the image's environment, every command's, as a JSON object (default: "
+        "SANDFLEET_AGENT_IMAGE_ENV), or 'auto' for the agent's own environment as the container "
+        "runtime gave it (the image's Env and the pool's), without the agent's and the kubelet's "
+        "variables",
     )
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser.parse_args(argv)
@@ -86,6 +108,45 @@ def read_image_env(text: str) -> dict[str, str]:
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise ValueError("SANDFLEET_AGENT_IMAGE_ENV must be a JSON object of strings")
     return {str(key): value for key, value in data.items()}
+
+
+def read_image_table(path: str) -> str | None:
+    """A small regular file of this sandbox's image (/etc/passwd, /etc/group), as the host reads it."""
+    return image_files.read_image_file("/", path)
+
+
+def auto_users() -> tuple[str, str]:
+    """`--exec-user` and `--verifier-user` values chosen from the ids this image does not name."""
+    users = image_config.choose_agent_users(read_image_table("/etc/passwd"), read_image_table("/etc/group"))
+    return f"{users.exec_id}:{users.exec_id}", f"{users.verifier_id}:{users.verifier_id}"
+
+
+def image_user(user: str) -> str:
+    """`--exec-user image:USER`: USER as the image's /etc/passwd and /etc/group resolve it (root by name)."""
+    resolved = image_config.resolve_image_user(
+        user, read_image_table("/etc/passwd"), read_image_table("/etc/group")
+    )
+    return resolved.exec_user()
+
+
+def auto_image_env() -> dict[str, str]:
+    """The image's environment from the agent's own (kubelet merged the image's Env into it).
+
+    The launcher keeps the environment the container started with (before its shell changed it, and
+    with the loader's variables moved out of the agent's way); without one, the agent's own is read.
+    """
+    started = os.environ.get(image_config.STARTED_ENVIRON_VARIABLE)
+    items = (
+        image_config.decode_started_environ(started)
+        if started is not None
+        else [f"{name}={value}" for name, value in os.environ.items()]
+    )
+    env = image_config.image_env_from_container(items)
+    # From here the agent's own environment is its variables and a fixed PATH, as on the local runtime.
+    own = image_config.agent_own_environment(os.environ, DEFAULT_PATH)
+    os.environ.clear()
+    os.environ.update(own)
+    return env
 
 
 def prepare_image(root: Path, exec_user: Identity | None, verifier_user: Identity | None) -> None:
@@ -108,7 +169,37 @@ def prepare_image(root: Path, exec_user: Identity | None, verifier_user: Identit
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM or SIGINT."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if AUTO in (args.exec_user, args.verifier_user):
+        chosen_here = args.exec_user == AUTO or args.exec_user.startswith(IMAGE_USER)
+        if args.verifier_user != AUTO or not chosen_here:
+            print(
+                "sandfleet-agent: --verifier-user auto goes with --exec-user auto or image:USER (and back)",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            chosen_exec, args.verifier_user = auto_users()
+            if args.exec_user == AUTO:
+                args.exec_user = chosen_exec
+        except ValueError as error:
+            print(f"sandfleet-agent: --exec-user auto: {error}", file=sys.stderr)
+            return 2
+    if args.exec_user.startswith(IMAGE_USER):
+        try:
+            args.exec_user = image_user(args.exec_user.removeprefix(IMAGE_USER))
+        except ValueError as error:
+            print(f"sandfleet-agent: --exec-user {args.exec_user}: the image's {error}", file=sys.stderr)
+            return 2
+    if args.root == AUTO:
+        args.root = image_config.working_area(os.getcwd())
     root = Path(args.root)
+    if image_config.system_directory(str(root.resolve())):
+        print(
+            f"sandfleet-agent: --root {str(root)!r} is a system directory: the working area is given to "
+            "the commands' user, so it must be the task's own (the image's WorkingDir, such as /testbed)",
+            file=sys.stderr,
+        )
+        return 2
     if not root.is_dir() and not args.bundle:
         print(f"sandfleet-agent: --root {str(root)!r} is not a directory", file=sys.stderr)
         return 2
@@ -128,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        exec_user = parse_identity(args.exec_user, "/home/sandbox")
-        verifier_user = parse_identity(args.verifier_user, "/home/verifier")
+        exec_user = parse_identity(args.exec_user, EXEC_HOME)
+        verifier_user = parse_identity(args.verifier_user, VERIFIER_HOME)
     except ValueError as error:
         print(f"sandfleet-agent: --exec-user/--verifier-user: {error}", file=sys.stderr)
         return 2
@@ -143,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bundle:
         try:
             programs.use_bundle(programs.read_bundle(Path(args.bundle)))
-            image_env = read_image_env(os.environ.get("SANDFLEET_AGENT_IMAGE_ENV", "{}"))
+            image_env = auto_image_env() if args.image_env == AUTO else read_image_env(args.image_env)
             prepare_image(root, exec_user, verifier_user)
         except (ValueError, OSError) as error:
             print(f"sandfleet-agent: --bundle: {error}", file=sys.stderr)

@@ -18,7 +18,7 @@ import subprocess
 import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from sandfleet_agent.process import (
     tracked_popen,
     wait_and_forget,
 )
-from sandfleet_agent.users import Identity, end_processes
+from sandfleet_agent.users import Identity, end_processes, is_root
 
 HARBOR_TEST_SCRIPT = "tests/test.sh"
 # Where a Harbor trial uploads a task's tests and its reference solution.
@@ -58,6 +58,7 @@ class Verification:
     logs_dir: Path
     exec_user: Identity | None = None
     verifier_user: Identity | None = None
+    commands_ran: bool = False  # a caller's exec or job ran in this sandbox
 
     @property
     def verifier_dir(self) -> Path:
@@ -75,6 +76,20 @@ def evaluate(
     verifier is ended, so nothing rewrites its results before they are read.
     """
     started = time.monotonic()
+    if is_root(verification.exec_user):
+        if verification.commands_ran:
+            # Root's processes can reach this agent (and cannot be told from its own to end them): a
+            # verdict from here would be the episode's to write. The gateway scores such an episode
+            # in a clean sandbox of the same image (gateway/clean_scoring.py).
+            raise AgentError(
+                HTTPStatus.CONFLICT,
+                wire.SCORE_ELSEWHERE,
+                "commands ran as root in this sandbox, so it cannot score its own episode: evaluate "
+                "with a task through the gateway, which scores the episode's tree in a clean sandbox",
+            )
+        # The clean sandbox of another's episode: no command of root's ever ran, none is left to end,
+        # and what was uploaded is the episode's tree, as the agent wrote it.
+        verification = replace(verification, exec_user=None)
     if body.get("task") is not None:
         return evaluate_task(body, workspace, verification)
     patch = optional_str(body, "patch")

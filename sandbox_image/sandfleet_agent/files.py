@@ -38,6 +38,8 @@ def describe(workspace: Workspace, path: Path, info: os.stat_result | None = Non
     entry: dict[str, object] = {
         "name": path.name,
         "path": workspace.relative(path),
+        # Where it is in the sandbox (E2B names files so; the working area is the image's WorkingDir).
+        "absolute": str(path),
         "type": kind,
         "size": info.st_size,
         "mode": f"{stat.S_IMODE(info.st_mode):04o}",
@@ -158,7 +160,12 @@ def list_dir(workspace: Workspace, raw: str, recursive: bool) -> dict[str, objec
             entries.append(describe(workspace, entry_path))
         except FileNotFoundError:
             continue
-    return {"path": workspace.relative(path), "entries": entries, "truncated": truncated}
+    return {
+        "path": workspace.relative(path),
+        "absolute": str(path),
+        "entries": entries,
+        "truncated": truncated,
+    }
 
 
 def _walk(path: Path, recursive: bool) -> Iterator[Path]:

@@ -83,6 +83,9 @@ class AgentServer(ThreadingHTTPServer):
         self.workspace = Workspace(config.root, owner=owner, extra_roots=config.extra_roots)
         self.jobs = jobs.JobTable()
         self.reset_lock = threading.Lock()
+        # Whether a caller's command (exec, a job) ever ran here: a sandbox whose commands run as root
+        # scores only while none has (evaluate.py), i.e. as the clean sandbox of another's episode.
+        self.commands_ran = False
         self.started_at = time.monotonic()
         self.base_env = (
             base_environment(config.root, config.exec_user)
@@ -585,6 +588,7 @@ class AgentHandler(BaseHTTPRequestHandler):
                 logs_dir=server.config.logs_dir,
                 exec_user=server.config.exec_user,
                 verifier_user=server.config.verifier_user,
+                commands_ran=server.commands_ran,
             ),
         )
         self._send_json(HTTPStatus.OK, report)
@@ -596,6 +600,7 @@ class AgentHandler(BaseHTTPRequestHandler):
         default_timeout_s: float | None = process.DEFAULT_TIMEOUT_S,
         default_output: int = process.DEFAULT_MAX_OUTPUT_BYTES,
     ) -> process.ExecSpec:
+        self.server.commands_ran = True
         return process.parse_exec_spec(
             body,
             self.server.workspace,

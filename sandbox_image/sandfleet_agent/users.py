@@ -41,16 +41,31 @@ class Identity:
 
 
 def parse_identity(text: str, home: str) -> Identity | None:
-    """Read `UID:GID` (or `none`, for an agent that runs commands as itself)."""
+    """Read `UID:GID[:HOME]`, `root` (commands as root: the image's own user), or `none` (as the agent).
+
+    Root is never a default: its processes can signal, trace and replace the agent's, so a sandbox
+    whose commands run as root is scored elsewhere (its in-place evaluate is refused, see
+    evaluate.py) and its agent is not trusted with a verdict.
+    """
     if text == "none":
         return None
-    uid_text, _, gid_text = text.partition(":")
+    if text == "root":
+        return Identity(uid=0, gid=0, home="/root")
+    uid_text, _, rest = text.partition(":")
+    gid_text, _, own_home = rest.partition(":")
     if not uid_text.isdigit() or not (gid_text or uid_text).isdigit():
-        raise ValueError(f"{text!r} is not UID:GID (numbers) or 'none'")
+        raise ValueError(f"{text!r} is not UID:GID[:HOME] (numbers), 'root' or 'none'")
+    if own_home and not own_home.startswith("/"):
+        raise ValueError(f"{text!r}: HOME must be an absolute path")
     uid = int(uid_text)
     if uid == 0:
-        raise ValueError("commands may not run as root (uid 0); give a non-zero UID:GID")
-    return Identity(uid=uid, gid=int(gid_text or uid_text), home=home)
+        raise ValueError("commands run as root only when asked for by name: give 'root', or a non-zero UID")
+    return Identity(uid=uid, gid=int(gid_text or uid_text), home=own_home or home)
+
+
+def is_root(user: Identity | None) -> bool:
+    """Whether commands run as root (their processes may reach the agent's)."""
+    return user is not None and user.uid == 0
 
 
 def processes_of(uid: int) -> list[int]:

@@ -35,3 +35,6 @@ VERIFIER_DIR_UNWRITABLE: Final = "verifier_dir_unwritable"
 VERIFIER_CANNOT_RUN: Final = frozenset(
     {NO_TEST_COMMAND, COMMAND_NOT_FOUND, COMMAND_NOT_EXECUTABLE, VERIFIER_DIR_UNWRITABLE}
 )
+
+# An agent whose commands run as root refuses to score in place: the gateway scores elsewhere.
+SCORE_ELSEWHERE: Final = "score_elsewhere"

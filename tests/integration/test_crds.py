@@ -37,6 +37,19 @@ def test_example_is_accepted_and_defaulted(kube: Kubectl) -> None:
     assert "recycle" not in stored["spec"]  # opt-in: no default
 
 
+def test_a_pool_whose_commands_run_as_root_is_accepted_but_never_recycled(kube: Kubectl) -> None:
+    pool = example(name="as-root")
+    pool["spec"]["template"] |= {"agent": "injected", "commandsUser": "root"}
+    kube("create", "-f", "-", stdin=json.dumps(pool))
+    assert kube.json("get", "sandboxpool", "as-root")["spec"]["template"]["commandsUser"] == "root"
+    pool = example(name="as-root-recycled")
+    pool["spec"]["template"] |= {"agent": "injected", "commandsUser": "root"}
+    pool["spec"]["recycle"] = {"maxEpisodes": 16, "maxSeconds": 3600}
+    refused = kube.run("create", "-f", "-", stdin=json.dumps(pool))
+    assert refused.returncode != 0
+    assert "is never reset for another episode" in refused.stderr
+
+
 def test_a_recycling_pool_is_accepted_as_written(kube: Kubectl) -> None:
     pool = example(name="recycling")
     pool["spec"]["recycle"] = {"maxEpisodes": 16, "maxSeconds": 3600}
@@ -123,6 +136,16 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "recycling without an age bound",
         _set("spec.recycle", {"maxEpisodes": 8}),
         "spec.recycle.maxSeconds: Required value",
+    ),
+    (
+        "commands as the image's user without the injected agent",
+        _set("spec.template.commandsUser", "root"),
+        "template.commandsUser needs template.agent: injected",
+    ),
+    (
+        "a commands user that is no user name",
+        _set("spec.template.commandsUser", "root; rm -rf /"),
+        "spec.template.commandsUser: Invalid value",
     ),
 ]
 

@@ -54,6 +54,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.sandbox.image.repository (default .Chart.AppVersion .Values.sandbox.image.tag) -}}
 {{- end -}}
 
+{{- define "sandfleet.agentBundleImage" -}}
+{{- printf "%s:%s" .Values.sandbox.agentBundle.image.repository (default .Chart.AppVersion .Values.sandbox.agentBundle.image.tag) -}}
+{{- end -}}
+
 {{/*
 The environment-variable prefix Kubernetes derives from a Service name (FOO-BAR -> FOO_BAR), for
 $(FOO_BAR_SERVICE_HOST) expansion: the chart's Pods find each other without a DNS server.

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from sandfleet import __version__
 from sandfleet.cli.app import app
 
 # Each OperatorSettings field's flag (controller/settings.py): the settings hold the defaults and
@@ -22,6 +23,8 @@ FLAGS = {
     "cluster": "--cluster",
     "log_level": "--log-level",
     "ledger_shards": "--ledger-shards",
+    "agent_bundle_image": "--agent-bundle-image",
+    "agent_bundle_pull_policy": "--agent-bundle-pull-policy",
 }
 
 
@@ -86,14 +89,27 @@ def operator(
             show_default="24",
         ),
     ] = None,
+    agent_bundle_image: Annotated[
+        str | None,
+        typer.Option(
+            help="The agent bundle image injected into the sandboxes of pools with "
+            "`spec.template.agent: injected`.",
+            show_default=f"localhost/sandfleet/agent-bundle:{__version__}",
+        ),
+    ] = None,
+    agent_bundle_pull_policy: Annotated[
+        str | None,
+        typer.Option(help="The agent bundle image's imagePullPolicy.", show_default="IfNotPresent"),
+    ] = None,
 ) -> None:
     """Run the operator (kubeconfig or in-cluster config).
 
     Every option can also come from the environment (controller/settings.py): SANDFLEET_NAMESPACES,
     SANDFLEET_METRICS_PORT, SANDFLEET_LEADER_LEASE_SECONDS, SANDFLEET_LEADER_NAMESPACE (else
     POD_NAMESPACE), SANDFLEET_LIVENESS, SANDFLEET_OPERATOR_AGENT_KEY_FILE,
-    SANDFLEET_OPERATOR_RUNTIME_CLASSES, SANDFLEET_CLUSTER, SANDFLEET_LOG_LEVEL, SANDFLEET_LEDGER_SHARDS
-    (lists comma-separated); a flag given on the command line wins over the environment.
+    SANDFLEET_OPERATOR_RUNTIME_CLASSES, SANDFLEET_CLUSTER, SANDFLEET_LOG_LEVEL, SANDFLEET_LEDGER_SHARDS,
+    SANDFLEET_AGENT_BUNDLE_IMAGE, SANDFLEET_AGENT_BUNDLE_PULL_POLICY (lists comma-separated); a flag
+    given on the command line wins over the environment.
     """
     from sandfleet.cli.settings_flags import load_settings
     from sandfleet.controller.main import OperatorConfigError, run
@@ -111,6 +127,8 @@ def operator(
         "cluster": cluster,
         "log_level": log_level,
         "ledger_shards": ledger_shards,
+        "agent_bundle_image": agent_bundle_image,
+        "agent_bundle_pull_policy": agent_bundle_pull_policy,
     }
     settings = load_settings(OperatorSettings, given, FLAGS)
     try:

@@ -75,6 +75,23 @@ def serve(
         float,
         typer.Option(min=1.0, help="With --recycle-episodes: a sandbox older than this is not reused."),
     ] = 3600.0,
+    clean_scoring: Annotated[
+        bool,
+        typer.Option(
+            help="Score every task evaluate in a clean sandbox of the same image that the episode's tree "
+            "is copied into, never in the episode's own (costs a warm sandbox per evaluate; a caller "
+            "may also ask per call with ?clean=true)."
+        ),
+    ] = False,
+    commands_as_image_user: Annotated[
+        bool,
+        typer.Option(
+            help="Run the episodes' commands as each image's own User (root when it names none, as task "
+            "images expect) instead of the agent's unprivileged user. Such commands can reach the agent, "
+            "so every task evaluate is scored in a clean sandbox (implies --clean-scoring), a sandbox "
+            "lost mid-episode scores 0, and a test-command evaluate is refused.",
+        ),
+    ] = False,
 ) -> None:
     """Serve leases on local gVisor sandboxes (root, no cluster): same API as `sandfleet gateway`."""
     import asyncio
@@ -90,16 +107,23 @@ def serve(
     from sandfleet.gateway.local import MAX_SANDBOXES, LocalBackend
     from sandfleet.gateway.runs import MemoryPolicyStore
     from sandfleet.gateway.serving import guarded_protocol
-    from sandfleet.gateway.settings import KEEP_ALIVE_SECONDS, CapacitySettings, TenantSettings
+    from sandfleet.gateway.settings import (
+        KEEP_ALIVE_SECONDS,
+        CapacitySettings,
+        LocalImageSettings,
+        TenantSettings,
+    )
     from sandfleet.local.artifacts import ImageRef, ensure_base_image, ensure_runsc
     from sandfleet.local.errors import LocalRuntimeError
+    from sandfleet.local.image import ensure_rootfs, read_image_config
     from sandfleet.local.pull import RegistryAccess, resolve_image
-    from sandfleet.local.runtime import LocalRuntime
+    from sandfleet.local.runtime import LocalRuntime, image_user
 
     console = Console(stderr=True)
     # SANDFLEET_GATEWAY_* only (no flags here), read before anything is built: a bad one is one line.
     capacity = load_settings(CapacitySettings, {})  # SANDFLEET_GATEWAY_MAX_LEASES_PER_TENANT and friends
     tenancy = load_settings(TenantSettings, {})  # SANDFLEET_GATEWAY_RUN_ADMINS, body caps, timeouts
+    image_limits = load_settings(LocalImageSettings, {}).limits()  # SANDFLEET_LOCAL_MAX_IMAGE_BYTES...
     if not local:
         raise typer.BadParameter("serve has only the local runtime; use `sandfleet gateway` for Kubernetes")
     if token_file is None and host not in ("127.0.0.1", "localhost", "::1"):
@@ -111,6 +135,12 @@ def serve(
             recycle = RecyclePolicy(max_episodes=recycle_episodes, max_seconds=recycle_seconds)
         except ValueError as error:
             raise typer.BadParameter(str(error), param_hint="--recycle-episodes") from None
+    if commands_as_image_user and recycle_episodes:
+        raise typer.BadParameter(
+            "a sandbox whose commands ran as the image's user (root) cannot be reset for another "
+            "episode: drop --recycle-episodes or --commands-as-image-user",
+            param_hint="--recycle-episodes",
+        )
     if warm * max(len(names) + tasks, 1) > MAX_SANDBOXES:
         raise typer.BadParameter(
             f"--warm {warm} of each image exceeds the {MAX_SANDBOXES} sandboxes serve holds"
@@ -133,8 +163,24 @@ def serve(
                     raise LocalRuntimeError(str(error)) from None
             images.insert(0, ImageRef(Path(built["layout"]), built["tag"], built["digest"]))
         images = images or [base]
-        sandboxes = LocalRuntime(images[0], runsc)  # a fresh fleet key: only this process reaches agents
-        backend = LocalBackend(sandboxes, pool, images, warm, recycle=recycle)
+        # Each image's layers are checked and unpacked here, once per digest, so a bad one is this
+        # one line and no server starts (the runtime would find it at its first boot instead).
+        with console.status("checking and unpacking the images (once per digest)..."):
+            for served_image in images:
+                rootfs = asyncio.run(ensure_rootfs(served_image, image_limits))
+                if commands_as_image_user:  # its User must be one its /etc/passwd names
+                    image_user(served_image, read_image_config(served_image), rootfs)
+        # A fresh fleet key: only this process reaches agents.
+        sandboxes = LocalRuntime(images[0], runsc, commands_as_image_user=commands_as_image_user)
+        backend = LocalBackend(
+            sandboxes,
+            pool,
+            images,
+            warm,
+            recycle=recycle,
+            clean_scoring=clean_scoring,
+            commands_as_image_user=commands_as_image_user,
+        )
     except LocalRuntimeError as error:
         # One unwrapped line, the message as it is (no markup read in it): what was wrong, what to do.
         console.print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)

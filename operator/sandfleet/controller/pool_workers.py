@@ -40,7 +40,7 @@ from sandfleet.core.planner import (
     WarmGroup,
     plan_pool,
 )
-from sandfleet.core.pods import pool_selector, runtime_class_refusal, sandbox_pod
+from sandfleet.core.pods import AgentBundleImage, pool_selector, runtime_class_refusal, sandbox_pod
 from sandfleet.core.status import (
     CAPACITY_LIMITED,
     DEGRADED,
@@ -365,6 +365,9 @@ class Operator:
             prewarm=create.prewarm,
             agent_key=self.agent_key,
             shard=shard,
+            agent_bundle=AgentBundleImage(
+                self.settings.agent_bundle_image, self.settings.agent_bundle_pull_policy
+            ),
         )
         # Counted as starting before the request leaves, so no later pass can create it twice.
         worker.expected_creates[name] = sandbox

@@ -17,12 +17,16 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sandfleet import __version__
 from sandfleet.core.api import DEFAULT_CLUSTER, DEFAULT_RUNTIME_CLASS
 from sandfleet.core.ledger import DEFAULT_SHARDS, MAX_SHARDS
 
 _JSON_LIST = '["a", "b"]'  # a JSON list, as a message shows it
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+# What `sandbox_image/build agent-bundle-image` names its image (and the chart's default).
+DEFAULT_AGENT_BUNDLE_IMAGE = f"localhost/sandfleet/agent-bundle:{__version__}"
 
 
 class OperatorSettings(BaseSettings):
@@ -85,6 +89,17 @@ class OperatorSettings(BaseSettings):
         le=MAX_SHARDS,
         description=f"Ledger shards that new Pods of `ledger` pools spread over, per namespace "
         f"(a whole number from 1 to {MAX_SHARDS}).",
+    )
+
+    agent_bundle_image: str = Field(
+        DEFAULT_AGENT_BUNDLE_IMAGE,
+        min_length=1,
+        description="The agent bundle image injected into the sandboxes of pools with "
+        "`spec.template.agent: injected` (an init container copies the agent from it).",
+    )
+    agent_bundle_pull_policy: PullPolicy = Field(
+        "IfNotPresent",
+        description="The agent bundle image's imagePullPolicy: Always, IfNotPresent or Never.",
     )
 
     @field_validator("namespaces", "runtime_classes", mode="before")

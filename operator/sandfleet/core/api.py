@@ -34,6 +34,10 @@ ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 
 DEFAULT_RUNTIME_CLASS: Final = "gvisor"
 DEFAULT_AGENT_PORT: Final = 8000
+# Where a pool's agent comes from (spec.template.agent): the image's own entrypoint (an image
+# sandbox_image/build made), or the agent bundle the operator injects (any image).
+AGENT_IMAGE: Final = "image"
+AGENT_INJECTED: Final = "injected"
 
 # Labels on sandbox Pods (all low-cardinality except run, which bulk release selects on).
 POOL_LABEL: Final = f"{GROUP}/pool"

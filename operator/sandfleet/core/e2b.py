@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import posixpath
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.parser import BytesParser
@@ -53,16 +53,18 @@ class E2BTemplate:
     image: str | None = None
 
 
-def template_choice(template: str | None, pools: list[str]) -> E2BTemplate:
+def template_choice(template: str | None, pools: list[str], images: Collection[str] = ()) -> E2BTemplate:
     """The pool or image a template names.
 
-    An image reference (it has a '/', ':' or '@') is an image; anything else names a pool. The SDK's
-    default template (`base`) means the only pool when there is exactly one and none is called `base`.
+    An image reference (it has a '/', ':' or '@') is an image, and so is a name the pools serve as an
+    image that no pool is called (a local layout is leased by its bare tag, `busybox`); anything
+    else names a pool. The SDK's default template (`base`) means the only pool when there is exactly
+    one and none is called `base`.
     """
     name = (template or SDK_DEFAULT_TEMPLATE).strip()
     if not name:
         raise E2BRequestError(400, "templateID is empty: name a pool or an image")
-    if any(mark in name for mark in "/:@"):
+    if any(mark in name for mark in "/:@") or (name in images and name not in pools):
         return E2BTemplate(name=name, image=name)
     if name == SDK_DEFAULT_TEMPLATE and name not in pools:
         if len(pools) != 1:
@@ -96,7 +98,7 @@ def string_map(value: object, field: str) -> dict[str, str]:
     return dict(value)
 
 
-def acquire_body(body: Mapping[str, Any], pools: list[str]) -> dict[str, Any]:
+def acquire_body(body: Mapping[str, Any], pools: list[str], images: Collection[str] = ()) -> dict[str, Any]:
     """The sandfleet acquire body for an E2B `POST /sandboxes` body.
 
     E2B metadata become lease labels (so `run` and `episode` work as with any lease); the template
@@ -107,7 +109,7 @@ def acquire_body(body: Mapping[str, Any], pools: list[str]) -> dict[str, Any]:
         raise E2BRequestError(
             400, "envVars at creation are not supported here: pass envs to each commands.run"
         )
-    choice = template_choice(_optional_str(body.get("templateID"), "templateID"), pools)
+    choice = template_choice(_optional_str(body.get("templateID"), "templateID"), pools, images)
     labels = {**string_map(body.get("metadata"), "metadata"), TEMPLATE_LABEL: choice.name}
     acquire: dict[str, Any] = {"labels": labels, "ttl_seconds": lease_ttl(body.get("timeout"))}
     if choice.pool is not None:
@@ -215,6 +217,22 @@ def exec_request(
     return body
 
 
+# The SDK runs every `commands.run` as `/bin/bash -l -c CMD`: E2B's own templates all have bash.
+SDK_SHELL = ("/bin/bash", "-l", "-c")
+
+
+def without_bash(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The exec body again with `/bin/sh -l -c CMD` for the SDK's shell form; None for any other command.
+
+    For an image without bash (busybox, Alpine): the gateway runs this after the agent answered
+    `command_not_found` for /bin/bash, so an image that has bash always gets bash.
+    """
+    argv = body.get("argv")
+    if isinstance(argv, list) and len(argv) == len(SDK_SHELL) + 1 and tuple(argv[:-1]) == SDK_SHELL:
+        return {**body, "argv": ["/bin/sh", "-l", "-c", argv[-1]]}
+    return None
+
+
 @dataclass(frozen=True)
 class Started:
     pid: int
@@ -275,6 +293,15 @@ def absolute(agent_path: str) -> str:
     return posixpath.normpath(posixpath.join(WORKSPACE, agent_path))
 
 
+def entry_path(entry: Mapping[str, Any]) -> str:
+    """Where an agent's file entry (or listing) is, absolute: as the agent says, else under /workspace.
+
+    An image's working area is its WorkingDir, so only an agent too old to say is read as /workspace.
+    """
+    said = entry.get("absolute")
+    return said if isinstance(said, str) and said.startswith("/") else absolute(str(entry.get("path", ".")))
+
+
 FILE_TYPES = {"file": "file", "directory": "directory", "symlink": "symlink"}
 
 
@@ -288,7 +315,7 @@ def entry_info(entry: Mapping[str, Any]) -> dict[str, Any] | None:
     info: dict[str, Any] = {
         "name": str(entry.get("name", "")),
         "type": kind,
-        "path": absolute(str(entry.get("path", "."))),
+        "path": entry_path(entry),
         "size": int(entry.get("size") or 0),
         "mode": mode,
         "permissions": stat.filemode(type_bits | mode),

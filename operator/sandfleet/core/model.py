@@ -31,6 +31,8 @@ BROKEN_WAITING_REASONS = frozenset(
         "RunContainerError",
     }
 )
+# Those of them that mean the image could not be had (a pool's Degraded says ImagePullFailed).
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 
 
 # Every default below is the CRD schema's `default` (tests/unit/core/test_crd_defaults.py checks):
@@ -62,6 +64,15 @@ class Template:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     readiness_deadline_seconds: int = 120
     service_account_name: str | None = None
+    # api.AGENT_IMAGE: the image's entrypoint is the agent; api.AGENT_INJECTED: any image, the
+    # operator injects the agent bundle (core/pods.py). The image's default: it is what every pool
+    # before the field ran, and sandfleet's task images own their tree as uid 1000, which an
+    # injected agent's users (ids from 1,000,000) cannot write.
+    agent: str = api.AGENT_IMAGE
+    image_pull_secrets: tuple[str, ...] = ()
+    # The image's user the episodes' commands run as (spec.template.commandsUser: root for most task
+    # images); None: the agent's own unprivileged user. Such a pool is scored in clean sandboxes.
+    commands_user: str | None = None
 
     @property
     def requests(self) -> Resources:
@@ -88,6 +99,12 @@ class Template:
         # Only when set, so pools that never name an account keep their hash (and their Pods).
         if self.service_account_name:
             material["serviceAccountName"] = self.service_account_name
+        if self.agent != api.AGENT_IMAGE:
+            material["agent"] = self.agent
+        if self.image_pull_secrets:
+            material["imagePullSecrets"] = list(self.image_pull_secrets)
+        if self.commands_user is not None:
+            material["commandsUser"] = self.commands_user
         digest = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
         return digest[:10]
 
@@ -247,6 +264,8 @@ class SandboxPod:
     template_hash: str = ""
     node: str | None = None
     broken: bool = False
+    # Why it is broken, in the kubelet's words ("ErrImagePull: ..."): what the pool's Degraded says.
+    broken_reason: str = ""
     # Its containers got ready once (the sandbox works); Ready may still drop later, e.g. with its node.
     started: bool = False
     unready_since: float | None = None
@@ -352,6 +371,13 @@ def pool_from_object(body: Mapping[str, Any]) -> PoolSpec:
             tpl.get("readinessDeadlineSeconds", _TEMPLATE.readiness_deadline_seconds)
         ),
         service_account_name=str(tpl["serviceAccountName"]) if tpl.get("serviceAccountName") else None,
+        agent=str(tpl.get("agent", _TEMPLATE.agent)),
+        commands_user=str(tpl["commandsUser"]) if tpl.get("commandsUser") else None,
+        image_pull_secrets=tuple(
+            str(secret["name"])
+            for secret in tpl.get("imagePullSecrets") or ()
+            if isinstance(secret, Mapping) and secret.get("name")
+        ),
     )
     regions = tuple(
         RegionSpec(

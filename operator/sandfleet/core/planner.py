@@ -67,6 +67,8 @@ class FailureState:
     # The apiserver's words when the last failure was a pass of refused creates; "" when it was a
     # sandbox that broke or never got Ready.
     refusal: str = ""
+    # The kubelet's words for the last sandbox that broke ("ErrImagePull: ..."), "" if none said.
+    broken_reason: str = ""
 
     @property
     def degraded(self) -> bool:
@@ -81,11 +83,20 @@ class FailureState:
     def next_attempt_at(self) -> float:
         return self.last_failure_at + self.backoff_seconds()
 
-    def record(self, count: int, now: float, refusal: str = "") -> FailureState:
-        """The streak after `count` more failures at `now` (`refusal`: the creates were refused so)."""
+    def record(self, count: int, now: float, refusal: str = "", broken_reason: str = "") -> FailureState:
+        """The streak after `count` more failures at `now`.
+
+        `refusal`: the creates were refused so; `broken_reason`: a sandbox broke so (kept until
+        another says otherwise, dropped by a refusal).
+        """
         started = self.streak_started_at if self.streak else now
         return replace(
-            self, streak=self.streak + count, streak_started_at=started, last_failure_at=now, refusal=refusal
+            self,
+            streak=self.streak + count,
+            streak_started_at=started,
+            last_failure_at=now,
+            refusal=refusal,
+            broken_reason=broken_reason or (self.broken_reason if not refusal else ""),
         )
 
 
@@ -201,7 +212,9 @@ def plan_pool(
     )
     regions = {name: _Region() for name in specs}
     observed = _classify(sandboxes, regions, rules, groups[0].key if groups else None)
-    failures = _next_failures(failures, base, observed.regions.values(), observed.failed_now, now)
+    failures = _next_failures(
+        failures, base, observed.regions.values(), observed.failed_now, now, observed.broken_reason
+    )
     budget, retry_at = _creation_budget(failures, observed.regions.values(), now)
     filled = _fill_groups(pool, groups, observed.regions, capacity, budget)
     shed = _shed_over_maximum(specs, observed.regions)
@@ -227,6 +240,7 @@ class _Observed:
     regions: dict[str, _Region]
     deletes: tuple[Delete, ...]
     failed_now: int
+    broken_reason: str = ""  # the kubelet's words for the last of them that broke, if any
 
 
 @dataclass(frozen=True)
@@ -247,6 +261,7 @@ def _classify(
     """Count each sandbox in its region (`regions`, filled here), or say why it goes now."""
     deletes: list[Delete] = []
     failed_now = 0
+    broken_reason = ""
     for sandbox in sorted(sandboxes, key=lambda s: (s.created_at, s.name)):
         if sandbox.terminating:
             continue
@@ -259,7 +274,9 @@ def _classify(
             region.failed += 1
             # Backoff follows the pool's own template; a broken pre-warm image only costs its own slots.
             failed_now += int(sandbox.template_hash == base)
-    return _Observed(regions, tuple(deletes), failed_now)
+            if sandbox.template_hash == base and sandbox.broken_reason:
+                broken_reason = sandbox.broken_reason
+    return _Observed(regions, tuple(deletes), failed_now, broken_reason)
 
 
 def _classify_one(sandbox: SandboxPod, region: _Region | None, rules: _Rules) -> Delete | None:
@@ -328,7 +345,12 @@ def _retire_reserved(sandbox: SandboxPod, rules: _Rules) -> Delete | None:
 
 
 def _next_failures(
-    failures: FailureState, base: str, regions: Iterable[_Region], failed_now: int, now: float
+    failures: FailureState,
+    base: str,
+    regions: Iterable[_Region],
+    failed_now: int,
+    now: float,
+    broken_reason: str = "",
 ) -> FailureState:
     if failures.template_hash != base:
         failures = FailureState(template_hash=base)
@@ -340,7 +362,7 @@ def _next_failures(
     )
     if failures.streak and recovered:
         failures = FailureState(template_hash=base)
-    return failures.record(failed_now, now) if failed_now else failures
+    return failures.record(failed_now, now, broken_reason=broken_reason) if failed_now else failures
 
 
 def _creation_budget(

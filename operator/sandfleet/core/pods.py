@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from sandfleet.core import api
@@ -55,6 +56,94 @@ def sandbox_security_context() -> dict[str, Any]:
     }
 
 
+# The injected agent (spec.template.agent: injected). An init container of the agent bundle image
+# (sandbox_image/bundle_image.py) copies the bundle into an emptyDir, mounted read-only in the
+# sandbox at the local runtime's mount point (sandfleet.local.injection.MOUNT_POINT), and the
+# sandbox's process is the bundle's launcher: the image's entrypoint, libc and Python take no part.
+# containerd 1.6 has no image volumes, hence the copy (docs/images.md, "Kubernetes").
+AGENT_BUNDLE_MOUNT: Final = "/.sandfleet"
+AGENT_BUNDLE_VOLUME: Final = "sandfleet-agent"
+AGENT_BUNDLE_CONTAINER: Final = "sandfleet-agent-bundle"
+# Where the init container sees the volume it fills (its own image has the bundle at the mount point).
+AGENT_BUNDLE_TARGET: Final = "/sandfleet-agent"
+# The bundle image's static busybox, and the launcher it runs: it moves the image's LD_* variables
+# out of the loader's way and starts the bundle's python on the bundle's libraries.
+AGENT_BUNDLE_BUSYBOX: Final = f"{AGENT_BUNDLE_MOUNT}/bin/busybox"
+AGENT_BUNDLE_LAUNCHER: Final = f"{AGENT_BUNDLE_MOUNT}/bin/agent"
+# The bundle is about 48 MB; the volume counts against the Pod's ephemeral storage. On the node's
+# disk: a memory-backed one measured no faster (the copier's time goes by files, not bytes, and the
+# image ships the stdlib as one zip for that; docs/images.md, "Kubernetes").
+AGENT_BUNDLE_SIZE_LIMIT: Final = "128Mi"
+# The copier needs no privilege: nobody, on a read-only root, without capabilities.
+AGENT_BUNDLE_COPIER_ID: Final = 65534
+# The agent learns the image's config inside the sandbox (sandfleet_agent.image_config): the
+# kubelet, not sandfleet, has the image. Its users from the image's /etc/passwd and /etc/group, its
+# working area from its WorkingDir (the container's cwd), its Env from the container's environment.
+INJECTED_AGENT_FLAGS: Final = (
+    *("--root", "auto"),
+    *("--exec-user", "auto"),
+    *("--verifier-user", "auto"),
+    *("--image-env", "auto"),
+)
+
+
+@dataclass(frozen=True)
+class AgentBundleImage:
+    """The image the operator injects the agent from (the chart's sandbox.agentBundle)."""
+
+    image: str
+    pull_policy: str = "IfNotPresent"
+
+
+def bundle_copier_security_context() -> dict[str, Any]:
+    """The bundle copier's securityContext: it only reads its image and writes the empty volume."""
+    return {
+        "runAsUser": AGENT_BUNDLE_COPIER_ID,
+        "runAsGroup": AGENT_BUNDLE_COPIER_ID,
+        "runAsNonRoot": True,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "readOnlyRootFilesystem": True,
+    }
+
+
+def inject_agent(
+    spec: dict[str, Any],
+    container: dict[str, Any],
+    bundle: AgentBundleImage,
+    port: int,
+    commands_user: str | None = None,
+) -> None:
+    """Make `container` run the injected agent: the bundle's copier first, the bundle mounted read-only."""
+    container["command"] = [AGENT_BUNDLE_BUSYBOX, "sh", AGENT_BUNDLE_LAUNCHER]
+    flags = list(INJECTED_AGENT_FLAGS)
+    if commands_user is not None:
+        # The agent resolves the name by the image's own /etc/passwd (sandfleet_agent/__main__.py).
+        flags[flags.index("--exec-user") + 1] = f"image:{commands_user}"
+    container["args"] = ["--port", str(port), *flags]
+    container["volumeMounts"] = [
+        {"name": AGENT_BUNDLE_VOLUME, "mountPath": AGENT_BUNDLE_MOUNT, "readOnly": True}
+    ]
+    spec["initContainers"] = [
+        {
+            "name": AGENT_BUNDLE_CONTAINER,
+            "image": bundle.image,
+            "imagePullPolicy": bundle.pull_policy,
+            # The bundle's files as the image has them (modes, links); owned by the copier, and
+            # read-only where the sandbox sees them.
+            "command": [AGENT_BUNDLE_BUSYBOX, "cp", "-R", f"{AGENT_BUNDLE_MOUNT}/.", AGENT_BUNDLE_TARGET],
+            "volumeMounts": [{"name": AGENT_BUNDLE_VOLUME, "mountPath": AGENT_BUNDLE_TARGET}],
+            # The sandbox's own: init containers run before it, so the Pod reserves no more (the
+            # larger of the two), and a quota that requires limits admits it.
+            "resources": {k: dict(v) for k, v in container["resources"].items()},
+            "securityContext": bundle_copier_security_context(),
+        }
+    ]
+    spec["volumes"] = [{"name": AGENT_BUNDLE_VOLUME, "emptyDir": {"sizeLimit": AGENT_BUNDLE_SIZE_LIMIT}}]
+
+
 # Where a recycling pool's agent keeps the pristine copy of its writable roots (root only).
 PRISTINE_DIR_ENV: Final = "SANDFLEET_AGENT_PRISTINE_DIR"
 PRISTINE_DIR: Final = "/var/lib/sandfleet-agent/pristine"
@@ -101,12 +190,16 @@ def sandbox_pod(
     prewarm: bool = False,
     agent_key: bytes | None = None,
     shard: str | None = None,
+    agent_bundle: AgentBundleImage | None = None,
 ) -> dict[str, Any]:
     """The Pod manifest of one sandbox of `pool` in `region` (and `zone`, when the planner picked one).
 
     With `agent_key`, the agent gets its own bearer token (derived from the key and `name`). With
-    `shard`, its lease lives in that shard's ledger (core.ledger), never on the Pod.
+    `shard`, its lease lives in that shard's ledger (core.ledger), never on the Pod. A template whose
+    agent is injected needs `agent_bundle` (ValueError without one).
     """
+    if template.agent == api.AGENT_INJECTED and agent_bundle is None:
+        raise ValueError("spec.template.agent is injected, and no agent bundle image is configured")
     labels = {
         api.MANAGED_BY_LABEL: api.MANAGED_BY,
         api.POOL_LABEL: pool.name,
@@ -157,6 +250,11 @@ def sandbox_pod(
         "terminationGracePeriodSeconds": 5,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
+    if template.agent == api.AGENT_INJECTED and agent_bundle is not None:
+        inject_agent(spec, container, agent_bundle, template.agent_port, template.commands_user)
+    if template.image_pull_secrets:
+        # For every image of the Pod: the sandbox's and, when injected, the agent bundle's.
+        spec["imagePullSecrets"] = [{"name": name} for name in template.image_pull_secrets]
     if template.tolerations:
         spec["tolerations"] = [dict(t) for t in template.tolerations]
     if template.service_account_name:
@@ -190,15 +288,27 @@ def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return None
 
 
-def _is_broken(pod: Mapping[str, Any]) -> bool:
+# How much of the kubelet's message a broken sandbox's reason keeps (a pull error names the image,
+# the registry and its answer in a few hundred characters).
+BROKEN_MESSAGE_CHARS = 300
+
+
+def _broken_reason(pod: Mapping[str, Any]) -> str | None:
+    """Why the Pod will not get Ready without a fix, or None.
+
+    Its phase, or a container's waiting reason with the kubelet's message. Init containers count:
+    the agent bundle's pull can fail too.
+    """
     status = pod.get("status", {})
     if status.get("phase") in TERMINAL_PHASES:
-        return True
-    for container in status.get("containerStatuses") or ():
+        return f"Pod {status.get('phase')}"
+    for container in (*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())):
         waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in BROKEN_WAITING_REASONS:
-            return True
-    return False
+        reason = waiting.get("reason")
+        if reason in BROKEN_WAITING_REASONS:
+            message = " ".join(str(waiting.get("message") or "").split())[:BROKEN_MESSAGE_CHARS]
+            return f"{reason}: {message}" if message else str(reason)
+    return None
 
 
 def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
@@ -222,6 +332,7 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
     is_ready = bool(ready and ready.get("status") == "True") and status.get("phase") == "Running"
     annotations = meta.get("annotations")
     reservation = reservation_from_annotations(annotations)
+    broken_reason = _broken_reason(pod)
     return SandboxPod(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -241,7 +352,8 @@ def sandbox_from_pod(pod: Mapping[str, Any]) -> SandboxPod | None:
         zone=(spec.get("nodeSelector") or {}).get(api.ZONE_LABEL),
         template_hash=str(labels.get(api.TEMPLATE_HASH_LABEL, "")),
         node=spec.get("nodeName"),
-        broken=_is_broken(pod),
+        broken=broken_reason is not None,
+        broken_reason=broken_reason or "",
         started=bool(containers_ready and containers_ready.get("status") == "True"),
         unready_since=None if is_ready or not ready else parse_time(ready.get("lastTransitionTime")),
         prewarm=labels.get(PREWARM_LABEL) == "true",

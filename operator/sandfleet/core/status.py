@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandfleet.core.model import PoolSpec
+from sandfleet.core.model import IMAGE_PULL_REASONS, PoolSpec
 from sandfleet.core.planner import PoolPlan
 from sandfleet.core.pods import pool_selector
 from sandfleet.core.timestamps import format_time
@@ -44,13 +44,24 @@ def conditions(pool: PoolSpec, plan: PoolPlan, now: float) -> list[dict[str, Any
             f"{failures.refusal[:REFUSAL_CHARS]}; next attempt at {format_time(failures.next_attempt_at())}. "
             "Check the namespace's ServiceAccount, quotas and admission policies.",
         )
+    elif failures.degraded and failures.broken_reason.startswith(IMAGE_PULL_REASONS):
+        # The image cannot be had: say so, with the kubelet's words (registry, credentials, name).
+        degraded = (
+            "True",
+            "ImagePullFailed",
+            f"{failures.streak} sandboxes in a row could not get their image (template "
+            f"{failures.template_hash}), last: {failures.broken_reason[:REFUSAL_CHARS]}; "
+            f"next attempt at {format_time(failures.next_attempt_at())}. "
+            "Check the image reference, the registry and the pool's imagePullSecrets.",
+        )
     elif failures.degraded:
         # An absolute time, not a countdown: the message must not change (and be rewritten) every pass.
+        last = f", last: {failures.broken_reason[:REFUSAL_CHARS]}" if failures.broken_reason else ""
         degraded = (
             "True",
             "SandboxesNotReady",
             f"{failures.streak} sandboxes in a row failed or were not Ready within "
-            f"{pool.template.readiness_deadline_seconds}s (template {failures.template_hash}); "
+            f"{pool.template.readiness_deadline_seconds}s (template {failures.template_hash}{last}); "
             f"replacing one at a time, next attempt at {format_time(failures.next_attempt_at())}. "
             "Check the image, runtimeClassName and node capacity.",
         )

@@ -18,6 +18,7 @@ from sandfleet import __version__
 from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.gateway.auth import Authenticator
 from sandfleet.gateway.backend import Backend
+from sandfleet.gateway.clean_scoring import LostEpisodes
 from sandfleet.gateway.guard import Guard
 from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.links import add_links
@@ -100,7 +101,11 @@ def assemble(runtime: Runtime, tenancy: TenantSettings) -> Parts:
     runtime.backend.subscribe(proxy.on_change)  # requests to a sandbox found gone end at once
     runs = Runs(runtime.policy_store or MemoryPolicyStore(), metrics, admins=tenancy.run_admins)
     peers = runtime.peers or NoPeers()
-    return Parts(runtime.backend, runtime.authenticator, service, proxy, runs, metrics, runtime.ready, peers)
+    lost = LostEpisodes(lambda name: runtime.backend.pool(name), time.time)
+    runtime.backend.subscribe(lost.on_change)  # an episode run as root that lost its sandbox scores 0
+    return Parts(
+        runtime.backend, runtime.authenticator, service, proxy, runs, metrics, runtime.ready, peers, lost
+    )
 
 
 @asynccontextmanager

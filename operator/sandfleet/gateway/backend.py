@@ -37,6 +37,13 @@ class PoolInfo:
     other_images: bool = True
     # Images besides the template's that the pool always serves (the local runtime's `--image`s).
     served_images: tuple[str, ...] = ()
+    # Every task evaluate of its leases is scored in a clean sandbox of the same image, never in the
+    # episode's own (gateway.clean_scoring): for episodes that may reach their sandbox's agent.
+    clean_scoring: bool = False
+    # Its episodes' commands run as the image's own User (root, for most task images): they can reach
+    # the agent, so its scoring is always clean, and a sandbox lost mid-episode scores 0 (`failed`),
+    # never a masked infra_error a policy could learn to trigger.
+    commands_as_image_user: bool = False
     # spec.recycle: a released sandbox of a run is reset and kept for that run's next lease.
     recycle: RecyclePolicy | None = None
     # spec.lease.store: where new Pods' leases are written (each Pod says its own: SandboxPod.shard).

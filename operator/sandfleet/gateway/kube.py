@@ -62,6 +62,8 @@ def pool_from_object(obj: dict[str, Any]) -> PoolInfo:
         fleet_share=pool.fleet_share,
         replicas=pool.replicas,
         room=pool_room(obj.get("status") or {}, pool.max_sandboxes),
+        clean_scoring=pool.template.commands_user is not None,
+        commands_as_image_user=pool.template.commands_user is not None,
     )
 
 

@@ -97,6 +97,8 @@ class LocalBackend(IndexedReads):
         max_sandboxes: int = MAX_SANDBOXES,
         startup: Histogram | None = None,
         recycle: RecyclePolicy | None = None,
+        clean_scoring: bool = False,
+        commands_as_image_user: bool = False,
     ) -> None:
         if not images:
             raise ValueError("a local pool serves at least one image")
@@ -119,6 +121,8 @@ class LocalBackend(IndexedReads):
             max_sandboxes,
             other_images=False,
             served_images=tuple(tags[1:]),
+            clean_scoring=clean_scoring or commands_as_image_user,
+            commands_as_image_user=commands_as_image_user,
         )
         self.base_warm = warm
         self.clock = clock

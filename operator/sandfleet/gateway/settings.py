@@ -20,6 +20,12 @@ from sandfleet.core.api import DEFAULT_CLUSTER
 from sandfleet.core.quotas import Quotas
 from sandfleet.gateway.guard import BodyLimits
 from sandfleet.gateway.models import MAX_ACQUIRE
+from sandfleet.local.layers import (
+    DEFAULT_DISK_RESERVE_BYTES,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_ENTRIES,
+    LayerLimits,
+)
 
 # A member cluster's name goes into lease ids and metric labels: a DNS label, as a namespace is.
 MEMBER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?")
@@ -192,3 +198,29 @@ class TenantSettings(BaseSettings):
         return BodyLimits(
             self.max_body_bytes, self.max_agent_body_bytes, self.max_upload_bytes, self.body_idle_seconds
         )
+
+
+class LocalImageSettings(BaseSettings):
+    """What an image may unpack to on this host (`serve --local`): its layers are checked first.
+
+    Read from SANDFLEET_LOCAL_* by `sandfleet serve --local`; docs/images.md, "Bad images".
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SANDFLEET_LOCAL_", extra="ignore")
+
+    max_image_bytes: int = Field(
+        DEFAULT_MAX_IMAGE_BYTES,
+        ge=1 << 20,
+        description="Bytes all of an image's layers may decompress to; above it it is refused (a bomb).",
+    )
+    max_image_entries: int = Field(
+        DEFAULT_MAX_IMAGE_ENTRIES, ge=1000, description="Entries all of an image's layers may hold."
+    )
+    disk_reserve_bytes: int = Field(
+        DEFAULT_DISK_RESERVE_BYTES,
+        ge=0,
+        description="Bytes that must stay free on the rootfs cache's filesystem after an image is unpacked.",
+    )
+
+    def limits(self) -> LayerLimits:
+        return LayerLimits(self.max_image_bytes, self.max_image_entries, self.disk_reserve_bytes)

@@ -1,4 +1,4 @@
-"""The local runtime's error types: one base, and what can go wrong getting an image from where it is kept."""
+"""The local runtime's error types: one base, and what can go wrong getting an image and unpacking it."""
 
 
 class LocalRuntimeError(Exception):
@@ -31,3 +31,19 @@ class ImagePlatformError(ImageSourceError):
 
 class ImageArchiveError(ImageSourceError):
     """An oci-archive or docker-archive is corrupt or truncated, or a blob does not match its digest."""
+
+
+class ImageLayerError(ImageSourceError):
+    """A layer holds what the host must not unpack (a path out of the root, a device node), or is corrupt."""
+
+
+class ImageTooLargeError(ImageSourceError):
+    """The image decompresses past the limit (a bomb), has too many entries, or would not fit on the disk."""
+
+
+class ImageConfigError(ImageSourceError):
+    """The image's config names a working directory or User that cannot be one (`..`, an unknown name)."""
+
+
+class ImageUnpackError(ImageSourceError):
+    """umoci failed to unpack layers the checks let through; its message is kept."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from tenacity import AsyncRetrying, retry_if_result, stop_after_delay, wait_fixed
 
+from sandfleet.local import locks
 from sandfleet.local.commands import run_command
 from sandfleet.local.network import SlotTable, delete_network
 
@@ -46,17 +46,6 @@ class CleanupReport:
     networks: int = 0
     mounts: int = 0
     cgroups: int = 0
-
-
-def try_lock(path: Path) -> int | None:
-    """Take the exclusive lock at `path` without waiting; None if someone holds it."""
-    descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        return None
-    return descriptor
 
 
 def runsc_processes(runsc_root: Path) -> list[int]:
@@ -211,7 +200,7 @@ async def clean_dead_instances(runsc: Path, state_dir: Path, slots: SlotTable) -
     alive: set[str] = set()
     if instances_dir.is_dir():
         for instance in sorted(instances_dir.iterdir()):
-            lock = try_lock(instance / "lock") if instance.is_dir() else None
+            lock = locks.try_lock(instance / "lock") if instance.is_dir() else None
             if lock is None:
                 alive.add(instance.name)
                 continue

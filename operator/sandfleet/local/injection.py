@@ -15,17 +15,23 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+# The rules the agent applies itself on Kubernetes (`--exec-user auto`, `--root auto`) live with
+# it, the one source for both runtimes; the `X as X` names are re-exported for this module's users.
+from sandfleet_agent.image_config import AGENT_ID_BASE as AGENT_ID_BASE
+from sandfleet_agent.image_config import AGENT_ID_LIMIT as AGENT_ID_LIMIT
+from sandfleet_agent.image_config import DEFAULT_WORKING_AREA as DEFAULT_WORKING_AREA
+from sandfleet_agent.image_config import AgentUsers as AgentUsers
+from sandfleet_agent.image_config import ImageUser as ImageUser
+from sandfleet_agent.image_config import choose_agent_users as choose_agent_users
+from sandfleet_agent.image_config import ids_named as ids_named
+from sandfleet_agent.image_config import resolve_image_user as resolve_image_user
+from sandfleet_agent.image_config import working_area as working_area
+
 # Where the bundle is mounted in every sandbox of an image sandfleet did not build (read-only).
 MOUNT_POINT = "/.sandfleet"
 # The label sandbox_image/build puts on its images: they carry the agent themselves.
 TITLE_LABEL = "org.opencontainers.image.title"
 SANDFLEET_IMAGE_TITLE = "sandfleet-sandbox"
-# The agent's users come from here up: far above any uid an image's passwd allocates (Debian's
-# dynamic and reserved ranges end below 65536), below the agent's marker groups (0x4000_0000).
-AGENT_ID_BASE = 1_000_000
-AGENT_ID_LIMIT = 0x4000_0000
-# The working area of an image whose WorkingDir is unset or `/` (sandfleet's image has the same).
-DEFAULT_WORKING_AREA = "/workspace"
 # The homes the agent makes for its users (as sandfleet's image has them).
 EXEC_HOME = "/home/sandbox"
 VERIFIER_HOME = "/home/verifier"
@@ -44,20 +50,14 @@ class BundleLayout:
 
 
 @dataclass(frozen=True)
-class AgentUsers:
-    """The uids (each its own gid) the agent runs commands and the verifier as, in one image."""
-
-    exec_id: int
-    verifier_id: int
-
-
-@dataclass(frozen=True)
 class Injection:
     """How a sandbox of one image runs the injected agent."""
 
     users: AgentUsers
     working_area: str
     image_env: dict[str, str]
+    # Commands run as the image's own User (a pool asked for it), not as the agent's exec user.
+    image_user: ImageUser | None = None
 
 
 def runs_own_agent(labels: Mapping[str, str]) -> bool:
@@ -76,40 +76,6 @@ def layout_from_manifest(manifest: Mapping[str, object]) -> BundleLayout:
     )
 
 
-def ids_named(table: str | None) -> set[int]:
-    """The numeric ids (third field) of an /etc/passwd or /etc/group text; None is an absent file."""
-    found: set[int] = set()
-    for line in (table or "").splitlines():
-        fields = line.split(":")
-        if len(fields) > 2 and fields[2].strip().isdigit():
-            found.add(int(fields[2].strip()))
-    return found
-
-
-def choose_agent_users(
-    passwd: str | None, group: str | None, base: int = AGENT_ID_BASE, limit: int = AGENT_ID_LIMIT
-) -> AgentUsers:
-    """The first two ids from `base` that no user and no group of the image has (uid = gid each)."""
-    taken = ids_named(passwd) | ids_named(group)
-    free: list[int] = []
-    candidate = base
-    while len(free) < 2:
-        if candidate >= limit:
-            raise ValueError(f"no two free ids between {base} and {limit} in the image's passwd and group")
-        if candidate not in taken:
-            free.append(candidate)
-        candidate += 1
-    return AgentUsers(exec_id=free[0], verifier_id=free[1])
-
-
-def working_area(workdir: str) -> str:
-    """The working area of an image: its WorkingDir, unless that is unset or the filesystem root."""
-    cleaned = "/" + "/".join(part for part in workdir.split("/") if part and part != ".")
-    if cleaned == "/" or ".." in cleaned.split("/"):
-        return DEFAULT_WORKING_AREA
-    return cleaned
-
-
 def image_environment(env: Sequence[str]) -> dict[str, str]:
     """An OCI config's `Env` (KEY=VALUE items, a later one winning) as a mapping."""
     result: dict[str, str] = {}
@@ -120,12 +86,19 @@ def image_environment(env: Sequence[str]) -> dict[str, str]:
     return result
 
 
-def plan_injection(env: Sequence[str], workdir: str, passwd: str | None, group: str | None) -> Injection:
+def plan_injection(
+    env: Sequence[str],
+    workdir: str,
+    passwd: str | None,
+    group: str | None,
+    image_user: ImageUser | None = None,
+) -> Injection:
     """Everything a sandbox of the image needs to run the injected agent, from the image's own facts."""
     return Injection(
         users=choose_agent_users(passwd, group),
         working_area=working_area(workdir),
         image_env=image_environment(env),
+        image_user=image_user,
     )
 
 
@@ -143,7 +116,8 @@ def agent_argv(layout: BundleLayout, injection: Injection, port: int, mount: str
         "sandfleet_agent",
         *("--port", str(port)),
         *("--root", injection.working_area),
-        *("--exec-user", f"{users.exec_id}:{users.exec_id}"),
+        "--exec-user",
+        injection.image_user.exec_user() if injection.image_user else f"{users.exec_id}:{users.exec_id}",
         *("--verifier-user", f"{users.verifier_id}:{users.verifier_id}"),
         *("--bundle", mount),
     ]

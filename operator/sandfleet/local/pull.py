@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import fcntl
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from sandfleet.local import locks
 from sandfleet.local.artifacts import ImageRef, image_ref_from_layout
 from sandfleet.local.commands import CommandError, run_command
 from sandfleet.local.errors import (
@@ -99,7 +97,7 @@ async def pull_image(
     if access.auth_file is not None and not access.auth_file.is_file():
         raise RegistryAuthError(f"the registry auth file {access.auth_file} does not exist")
     incoming = f"incoming-{os.getpid()}-{secrets.token_hex(4)}"
-    async with _store_lock(store):
+    async with locks.held(store.parent / f"{store.name}.lock"):
         try:
             await _copy_with_retries(source, access, store, incoming, attempts=attempts, wait_s=wait_s)
             index = _read_json(store / "index.json")
@@ -179,20 +177,3 @@ def _write_index(store: Path, index: dict[str, object]) -> None:
     partial = store / f".index.json.{os.getpid()}"
     partial.write_text(json.dumps(index, separators=(",", ":")))
     partial.replace(store / "index.json")
-
-
-@asynccontextmanager
-async def _store_lock(store: Path) -> AsyncIterator[None]:
-    store.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = await asyncio.to_thread(_lock, store)
-    try:
-        yield
-    finally:
-        os.close(descriptor)
-
-
-def _lock(store: Path) -> int:
-    store.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(store.parent / f"{store.name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(descriptor, fcntl.LOCK_EX)
-    return descriptor

@@ -47,19 +47,21 @@ from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV, agent_token, new_fleet_
 from sandfleet.core.api import DEFAULT_AGENT_PORT
 from sandfleet.core.limits import SandboxLimits
 from sandfleet.core.recycle import Fingerprint, fingerprint_from_json, probe_problems
-from sandfleet.local import hoststate, network
+from sandfleet.local import hoststate, locks, network
 from sandfleet.local.artifacts import ImageRef, ensure_agent_bundle
 from sandfleet.local.commands import CommandError, run_command
-from sandfleet.local.errors import LocalRuntimeError
+from sandfleet.local.errors import ImageConfigError, LocalRuntimeError
 from sandfleet.local.image import ImageConfig, ensure_rootfs, read_image_config, read_image_file
 from sandfleet.local.injection import (
     MOUNT_POINT,
     BundleLayout,
+    ImageUser,
     Injection,
     agent_argv,
     agent_env,
     layout_from_manifest,
     plan_injection,
+    resolve_image_user,
 )
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,7 @@ class LocalRuntime:
         fleet_key: bytes | None = None,
         agent_bundle: Path | None = None,
         inject_all: bool = False,
+        commands_as_image_user: bool = False,
     ) -> None:
         self.image = image
         self.runsc = runsc
@@ -212,6 +215,9 @@ class LocalRuntime:
         # `inject_all` injects it into sandfleet's own images too (to measure what injection costs).
         self.agent_bundle = agent_bundle
         self.inject_all = inject_all
+        # Commands run as each image's own User (root when it names none), through the injected
+        # agent; such episodes can reach the agent, so the gateway scores them in clean sandboxes.
+        self.commands_as_image_user = commands_as_image_user
         # Only whoever holds this key (this runtime, and the gateway it is given to) can reach agents.
         self.fleet_key = fleet_key or new_fleet_key()
         # Told (on the event loop) of each sandbox that died without being released.
@@ -256,7 +262,7 @@ class LocalRuntime:
         if os.geteuid() != 0:
             raise LocalRuntimeError("the local runtime needs root (runsc, network namespaces, cgroups)")
         self.instance_dir.mkdir(parents=True)
-        lock = hoststate.try_lock(self.instance_dir / "lock")
+        lock = locks.try_lock(self.instance_dir / "lock")
         if lock is None:
             raise LocalRuntimeError(f"instance directory {self.instance_dir} is locked by another process")
         self._lock_fd = lock
@@ -285,7 +291,7 @@ class LocalRuntime:
     async def _serve(self, image: ImageRef, mountpoint: Path) -> None:
         config = read_image_config(image)
         shared = await ensure_rootfs(image)
-        injected = self.inject_all or not config.own_agent
+        injected = self.inject_all or self.commands_as_image_user or not config.own_agent
         if injected:
             # runsc makes a bind mount's mount point on the host side, in the read-only root.
             await asyncio.to_thread(_make_mount_point, shared, image)
@@ -299,8 +305,9 @@ class LocalRuntime:
             await self._mount_bundle()
             # The agent's users must be nobody the image knows (read without following its links).
             passwd, group = (read_image_file(shared, name) for name in ("etc/passwd", "etc/group"))
+            user = image_user(image, config, shared) if self.commands_as_image_user else None
             try:
-                injection = plan_injection(config.env, config.workdir, passwd, group)
+                injection = plan_injection(config.env, config.workdir, passwd, group, user)
             except ValueError as error:
                 raise LocalRuntimeError(f"image {image.tag}: {error}") from None
         self._served[image.digest] = _Served(image, config, mountpoint, injection)
@@ -789,6 +796,15 @@ class LocalRuntime:
                 },
             },
         }
+
+
+def image_user(image: ImageRef, config: ImageConfig, rootfs: Path) -> ImageUser:
+    """The image's `User` as its /etc/passwd and /etc/group resolve it; ImageConfigError if they cannot."""
+    passwd, group = (read_image_file(rootfs, name) for name in ("etc/passwd", "etc/group"))
+    try:
+        return resolve_image_user(config.user, passwd, group)
+    except ValueError as error:
+        raise ImageConfigError(f"image {image.tag}: {error}") from None
 
 
 def _make_mount_point(rootfs: Path, image: ImageRef) -> None:

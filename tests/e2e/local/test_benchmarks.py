@@ -40,3 +40,33 @@ def test_sandbox_reset_short(runsc: Path, base_image: ImageRef) -> None:
     assert 0 < report["probe_p50_s"] <= report["reset_p50_s"]
     assert report["boot_ready_p50_s"] > 0
     assert report["reset_over_boot_p50"] > 0
+
+
+def test_image_cold_start_short(runsc: Path, base_image: ImageRef) -> None:
+    """busybox and the base image from the local registry: every phase measured, the ratios consistent."""
+    report = run_short("image_cold_start.py")
+    assert report["benchmark"] == "image_cold"
+    images = report["images"]
+    assert set(images) == {"busybox", "base", "base, injected"}
+    for name in ("busybox", "base"):
+        row = images[name]
+        for phase in (
+            "pull",
+            "skopeo_copy",
+            "unpack",
+            "umoci_unpack",
+            "first_boot",
+            "first_ready",
+            "boot",
+            "ready",
+        ):
+            assert row[f"{phase}_p50_s"] > 0, (name, phase, row)
+        phases = sum(row[f"{phase}_p50_s"] for phase in ("pull", "unpack", "first_boot", "first_ready"))
+        assert abs(row["cold_start_p50_s"] - phases) < 0.01, row
+        assert row["pull_over_skopeo"] > 0
+        assert row["unpack_over_umoci"] > 0
+        assert row["unpacked_bytes"] > row["size_bytes"] > 0
+    assert images["busybox"]["size_bytes"] < images["base"]["size_bytes"]
+    assert images["base"]["boot_ready_over_base"] == 1.0
+    assert images["busybox"]["boot_ready_over_base"] > 0
+    assert images["base, injected"]["boot_ready_over_base"] > 0

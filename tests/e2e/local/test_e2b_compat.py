@@ -2,6 +2,8 @@
 
 The SDK is pointed at the gateway by its own settings only (E2B_API_URL, E2B_SANDBOX_URL,
 E2B_API_KEY); everything below is plain SDK code, checked against the gateway's own lease API.
+`template=` names a pool, or an image that serve serves: a local layout by its tag, an image pulled
+from the test registry (TLS, basic auth) by its reference.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import io
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,6 +21,16 @@ import pytest
 from e2b import CommandExitException, Sandbox, SandboxException, SandboxQuery
 
 from sandfleet.local.artifacts import ImageRef
+from sandfleet.local.pull import STORE_ENV
+from tests.support.foreign_images import (
+    BULLSEYE_MARKER,
+    BULLSEYE_WORKDIR,
+    BUSYBOX_MARKER,
+    BUSYBOX_PATH,
+    BUSYBOX_WORKDIR,
+    build_foreign_image,
+)
+from tests.support.registry import start_registry
 from tests.support.servers import start_local_serve, stop_local_serve
 
 pytestmark = pytest.mark.gvisor
@@ -42,6 +55,42 @@ def e2b_env(gateway: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("E2B_SANDBOX_URL", f"{gateway}/e2b/envd")
     monkeypatch.setenv("E2B_API_KEY", TOKENS["actor-0"])
     return gateway
+
+
+@dataclass(frozen=True)
+class Foreign:
+    url: str
+    pulled: str  # the registry image's reference, as leases (and templates) name it
+    digests: dict[str, str]  # template -> the manifest digest its leases must report
+
+
+@pytest.fixture(scope="module")
+def foreign_gateway(runsc: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Foreign]:
+    """serve --local of busybox (a layout) and bullseye pulled from the local registry, one warm each."""
+    directory = tmp_path_factory.mktemp("e2b-foreign")
+    busybox, bullseye = build_foreign_image("busybox"), build_foreign_image("bullseye")
+    registry = start_registry(directory / "registry")
+    try:
+        pushed = registry.push(f"oci:{bullseye.layout_ref}", "bullseye:v1")
+        pulled = f"{registry.host}/bullseye:v1"
+        url, process, log = start_local_serve(
+            directory,
+            TOKENS,
+            warm=1,
+            extra_args=[
+                *("--image", f"{busybox.layout}:{busybox.tag}", "--image", pulled),
+                *("--registry-auth-file", str(registry.auth_file)),
+                *("--registry-cert-dir", str(registry.cert_dir)),
+            ],
+            settings={STORE_ENV: str(directory / "store")},
+            timeout=300,
+        )
+        try:
+            yield Foreign(url, pulled, {busybox.tag: busybox.digest, pulled: pushed})
+        finally:
+            stop_local_serve(process, log)
+    finally:
+        registry.stop()
 
 
 def lease(gateway: str, lease_id: str, token: str = TOKENS["actor-0"]) -> httpx.Response:
@@ -165,3 +214,41 @@ def test_another_tenant_cannot_reach_the_sandbox(e2b_env: str) -> None:
         assert lease(e2b_env, mine.sandbox_id).status_code == 200
     finally:
         mine.kill()
+
+
+@pytest.mark.parametrize("image", ["busybox", "pulled"])
+def test_a_template_that_is_an_image_runs_with_its_environment_and_workdir(
+    foreign_gateway: Foreign, monkeypatch: pytest.MonkeyPatch, image: str
+) -> None:
+    """Unmodified SDK: `template=` a foreign image; commands see its Env and WorkingDir; files work."""
+    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("E2B_API_URL", f"{foreign_gateway.url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{foreign_gateway.url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", TOKENS["actor-0"])
+    template, marker, workdir = {
+        "busybox": ("busybox", BUSYBOX_MARKER, BUSYBOX_WORKDIR),  # a layout: leased by its tag
+        "pulled": (foreign_gateway.pulled, BULLSEYE_MARKER, BULLSEYE_WORKDIR),  # HOST:PORT/NAME:TAG
+    }[image]
+    sandbox = Sandbox.create(template=template, timeout=120)
+    try:
+        held = lease(foreign_gateway.url, sandbox.sandbox_id)
+        assert held.status_code == 200, held.text
+        assert held.json()["lease"]["image_digest"] == foreign_gateway.digests[template], held.text
+        assert sandbox.get_info().template_id == template
+        shown = sandbox.commands.run("echo $MARKER; pwd; echo $PATH")
+        assert shown.stdout.splitlines()[:2] == [marker, workdir], shown
+        if image == "busybox":
+            assert shown.stdout.splitlines()[2] == BUSYBOX_PATH
+        text = f"from the sdk at {time.time()}\n"
+        sandbox.files.write("notes/e2b.txt", text)
+        assert sandbox.files.read("notes/e2b.txt") == text
+        assert sandbox.files.read(f"{workdir}/notes/e2b.txt") == text  # the working directory's
+        assert sandbox.commands.run("cat notes/e2b.txt").stdout == text
+        sandbox.commands.run("echo by-the-command > made.txt")
+        assert sandbox.files.read("made.txt") == "by-the-command\n"
+        # Listed where they are: in the image's working directory, not sandfleet's /workspace.
+        listed = {entry.path for entry in sandbox.files.list(workdir)}
+        assert {f"{workdir}/notes", f"{workdir}/made.txt"} <= listed, listed
+    finally:
+        sandbox.kill()

@@ -1,15 +1,19 @@
 """Images sandfleet did not build are sandboxes: the agent bundle is injected (`serve --local --image`).
 
-Three tiny images made here from Debian packages (tests/support/foreign_images.py): busybox only,
-an Alpine-style musl root with no glibc, and a distroless root with one static binary and no
-/bin/sh. Each is leased through the gateway; its commands see the image's own environment and
-working directory and nothing of the bundle's; the bundle is read-only to them.
+Four images made here from Debian packages (tests/support/foreign_images.py): busybox only, an
+Alpine-style musl root with no glibc, a distroless root with one static binary and no /bin/sh, and
+an older distribution (Debian 11: glibc 2.31, no python). Each is leased through the gateway; its
+commands see the image's own environment and working directory and nothing of the bundle's; the
+bundle is read-only to them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +26,9 @@ from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.injection import AGENT_ID_BASE, MOUNT_POINT
 from sandfleet.local.runtime import LocalRuntime, SandboxSpec
 from tests.support.foreign_images import (
+    BULLSEYE_GLIBC,
+    BULLSEYE_MARKER,
+    BULLSEYE_WORKDIR,
     BUSYBOX_MARKER,
     BUSYBOX_PATH,
     BUSYBOX_WORKDIR,
@@ -46,13 +53,13 @@ class Served:
 
 @pytest.fixture(scope="module")
 def foreign(runsc: Path) -> dict[str, ImageRef]:
-    """The three images, built offline once (cached)."""
+    """The images, built offline once (cached)."""
     return {name: build_foreign_image(name) for name in IMAGES}
 
 
 @pytest.fixture(scope="module")
 def served(foreign: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One `serve --local` of the three images, one warm of each; no sandbox left behind after."""
+    """One `serve --local` of the images, one warm of each; no sandbox left behind after."""
     images = [arg for image in foreign.values() for arg in ("--image", f"{image.layout}:{image.tag}")]
     url, process, log = start_local_serve(
         tmp_path_factory.mktemp("serve"), warm=1, extra_args=images, timeout=300
@@ -173,6 +180,65 @@ def test_a_distroless_image_without_a_shell(served: Served, lease: Any) -> None:
     written = call(served, lease_id, "PUT", "/files", params={"path": "out.txt"}, content=b"data")
     assert written.status_code in (200, 201, 204), written.text
     assert call(served, lease_id, "GET", "/files", params={"path": "/app/out.txt"}).content == b"data"
+
+
+def test_an_older_glibc_image_without_python(served: Served, lease: Any) -> None:
+    """Debian 11: its own glibc 2.31 and bash run the commands; the agent's Python is the bundle's."""
+    lease_id = lease("bullseye")
+    result = shell(
+        served,
+        lease_id,
+        "ldd --version | head -1; cat /etc/debian_version; echo $MARKER; pwd; echo $PATH; "
+        "command -v python3 python python2 || echo no-python; ls /usr/bin | grep -c '^python' || true; "
+        "bash --version | head -1; cat README",
+    )
+    assert result["exit_code"] == 0, result
+    lines = result["stdout"].splitlines()
+    assert lines[0].endswith(f" {BULLSEYE_GLIBC}"), lines[0]  # "ldd (Debian GLIBC 2.31-13+deb11u..) 2.31"
+    assert lines[1].startswith("11."), lines[1]
+    assert lines[2:5] == [BULLSEYE_MARKER, BULLSEYE_WORKDIR, "/usr/local/bin:/usr/bin:/bin"]
+    assert lines[5:7] == ["no-python", "0"]
+    assert "version 5.1." in lines[7], lines[7]  # bullseye's own bash
+    assert lines[8] == "old but gold"
+
+    patch = "--- a/README\n+++ b/README\n@@ -1 +1 @@\n-old but gold\n+old, patched\n"
+    response = call(
+        served, lease_id, "POST", "/evaluate", json={"patch": patch, "shell": "grep -q patched README"}
+    )
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["patch"] == {"applied": True, "files": ["README"]}
+    assert (report["outcome"], report["reward"]) == ("passed", 1.0), report
+    written = call(served, lease_id, "PUT", "/files", params={"path": "out.txt"}, content=b"bullseye\n")
+    assert written.status_code in (200, 201, 204), written.text
+    assert shell(served, lease_id, f"cat {BULLSEYE_WORKDIR}/out.txt")["stdout"] == "bullseye\n"
+
+
+def test_the_cli_leases_and_runs_in_every_foreign_image(served: Served) -> None:
+    """`sandfleet lease --image TAG`, `exec`, `release`: the CLI a user types, on each image."""
+    env = {**os.environ, "SANDFLEET_URL": served.url, "SANDFLEET_TOKEN": "local-token"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandfleet.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    for image in served.images:
+        leased = cli("lease", "python", "--image", image, "--wait", "120")
+        assert leased.returncode == 0, leased.stderr
+        lease_id = leased.stdout.strip()
+        try:
+            # distroless has no shell: its one program, found on the image's own PATH.
+            command = ["busybox", "echo", "ok"] if image == "distroless" else ["sh", "-c", "echo ok"]
+            ran = cli("exec", lease_id, "--", *command)
+            assert (ran.returncode, ran.stdout) == (0, "ok\n"), (image, ran.stdout, ran.stderr)
+        finally:
+            released = cli("release", lease_id)
+            assert released.returncode == 0, released.stderr
 
 
 async def test_cold_start_of_an_injected_image_against_sandfleets_own(

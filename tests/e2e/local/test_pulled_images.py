@@ -37,7 +37,15 @@ from sandfleet.local.errors import (
 )
 from sandfleet.local.pull import STORE_ENV, RegistryAccess, resolve_image
 from sandfleet.local.sources import REF_NAME, SOURCE_ANNOTATION
-from tests.support.foreign_images import BUSYBOX_MARKER, BUSYBOX_WORKDIR, IMAGES, build_foreign_image
+from tests.support.foreign_images import (
+    BULLSEYE_GLIBC,
+    BULLSEYE_MARKER,
+    BULLSEYE_WORKDIR,
+    BUSYBOX_MARKER,
+    BUSYBOX_WORKDIR,
+    IMAGES,
+    build_foreign_image,
+)
 from tests.support.registry import (
     PASSWORD,
     USER,
@@ -64,6 +72,7 @@ class Images:
     pushed: dict[str, str]  # name:tag in the registry -> manifest digest
     oci_archive: Path  # distroless
     docker_archive: Path  # musl
+    bullseye_archive: Path  # bullseye, a docker-archive
     directory: Path
 
     def access(self) -> RegistryAccess:
@@ -75,22 +84,25 @@ class Images:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
-    """The registry with busybox and musl pushed, and the archives, made once for the module."""
+    """The registry with busybox, musl and bullseye pushed, and the archives, made once for the module."""
     directory = tmp_path_factory.mktemp("pulled")
     foreign = {name: build_foreign_image(name) for name in IMAGES}
     registry = start_registry(directory / "registry")
     try:
         pushed = {
             f"{name}:v1": registry.push(f"oci:{foreign[name].layout_ref}", f"{name}:v1")
-            for name in ("busybox", "musl")
+            for name in ("busybox", "musl", "bullseye")
         }
         oci_archive = directory / "distroless.oci.tar"
         docker_archive = directory / "musl.docker.tar"
+        bullseye_archive = directory / "bullseye.docker.tar"
         subprocess.run(["skopeo", "copy", "--quiet", f"oci:{foreign['distroless'].layout_ref}",
                         f"oci-archive:{oci_archive}:distroless"], check=True)  # fmt: skip
         subprocess.run(["skopeo", "copy", "--quiet", f"oci:{foreign['musl'].layout_ref}",
                         f"docker-archive:{docker_archive}:musl:v1"], check=True)  # fmt: skip
-        yield Images(registry, foreign, pushed, oci_archive, docker_archive, directory)
+        subprocess.run(["skopeo", "copy", "--quiet", f"oci:{foreign['bullseye'].layout_ref}",
+                        f"docker-archive:{bullseye_archive}:bullseye:v1"], check=True)  # fmt: skip
+        yield Images(registry, foreign, pushed, oci_archive, docker_archive, bullseye_archive, directory)
     finally:
         registry.stop()
 
@@ -111,9 +123,11 @@ def served(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     store = tmp_path_factory.mktemp("store") / "image-store"
     references = [
         f"docker://{images.ref('busybox:v1')}",
+        images.ref("bullseye:v1"),
         moving,
         f"oci-archive:{images.oci_archive}",
         f"docker-archive:{images.docker_archive}",
+        f"docker-archive:{images.bullseye_archive}",
     ]
     url, process, log = start_local_serve(
         tmp_path_factory.mktemp("serve"),
@@ -159,12 +173,18 @@ def store_digest(store: Path, source: str) -> str:
     return str(found.pop())
 
 
-def test_a_registry_image_with_auth_and_tls_is_leased_and_runs(images: Images, served: Served) -> None:
-    view = lease(served, images.ref("busybox:v1"))  # leases name it without docker://
+@pytest.mark.parametrize(
+    ("name", "marker", "workdir"),
+    [("busybox", BUSYBOX_MARKER, BUSYBOX_WORKDIR), ("bullseye", BULLSEYE_MARKER, BULLSEYE_WORKDIR)],
+)
+def test_a_registry_image_with_auth_and_tls_is_leased_and_runs(
+    images: Images, served: Served, name: str, marker: str, workdir: str
+) -> None:
+    view = lease(served, images.ref(f"{name}:v1"))  # leases name it without docker://
     try:
-        assert view["image_digest"] == images.pushed["busybox:v1"]
+        assert view["image_digest"] == images.pushed[f"{name}:v1"]
         result = run(served, view["id"], shell="echo $MARKER; pwd")
-        assert result["stdout"].splitlines() == [BUSYBOX_MARKER, BUSYBOX_WORKDIR], result
+        assert result["stdout"].splitlines() == [marker, workdir], result
     finally:
         release(served, view["id"])
 
@@ -172,6 +192,7 @@ def test_a_registry_image_with_auth_and_tls_is_leased_and_runs(images: Images, s
 def test_an_oci_archive_and_a_docker_archive_are_leased(images: Images, served: Served) -> None:
     oci = lease(served, f"oci-archive:{images.oci_archive}")
     docker = lease(served, f"docker-archive:{images.docker_archive}")
+    bullseye = lease(served, f"docker-archive:{images.bullseye_archive}")
     try:
         # skopeo keeps an OCI manifest as it is: the same digest as the layout it was made from.
         assert oci["image_digest"] == images.foreign["distroless"].digest
@@ -180,9 +201,15 @@ def test_an_oci_archive_and_a_docker_archive_are_leased(images: Images, served: 
         assert ran["stdout"] == "/app\n/app\n", ran
         musl = run(served, docker["id"], shell="/lib/ld-musl-x86_64.so.1 2>&1 | head -1")
         assert musl["stdout"] == "musl libc (x86_64)\n", musl
+        old = run(
+            served, bullseye["id"], shell="ldd --version | head -1; pwd; command -v python3 || echo none"
+        )
+        assert old["stdout"].splitlines()[1:] == [BULLSEYE_WORKDIR, "none"], old
+        assert old["stdout"].splitlines()[0].endswith(f" {BULLSEYE_GLIBC}"), old
     finally:
         release(served, oci["id"])
         release(served, docker["id"])
+        release(served, bullseye["id"])
 
 
 def test_a_tag_moved_after_serve_started_does_not_change_what_a_lease_gets(

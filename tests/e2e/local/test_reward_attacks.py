@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -225,3 +227,89 @@ def test_a_bad_task_object_is_a_clear_400(gateway: str) -> None:
 def _named(name: str) -> Attack:
     (attack,) = [a for a in ATTACKS if a.name == name]
     return attack
+
+
+# -- scoring in a clean sandbox (gateway.clean_scoring): the tree travels, no process does ---------
+
+# Attacks on the tree itself, and ones that leave something outside it; each must score 0 there too.
+CLEAN_ATTACKS = (
+    "conftest.py at the tree's root",
+    "deciding tests deleted",
+    "deciding tests replaced by a link",
+    "early exit: os._exit(0) at import",
+    "a pytest package at the tree's root",
+    "a .pth file",
+    "planted bytecode of the fixed module",
+    "the fix kept in /tmp, read by the module",
+)
+
+
+def evaluate_clean(gateway: str, lease_id: str, clean: bool = True) -> tuple[dict[str, object], float]:
+    """The evaluation of the lease's tree by the task's scoring, in a clean sandbox; and its seconds."""
+    started = time.perf_counter()
+    answer = httpx.post(
+        f"{gateway}/v1/leases/{lease_id}/evaluate",
+        params={"clean": "true"} if clean else None,
+        json={"task": scoring()},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=180,
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json(), time.perf_counter() - started
+
+
+@pytest.mark.parametrize("name", CLEAN_ATTACKS)
+def test_an_attack_scores_0_in_a_clean_sandbox(gateway: str, name: str) -> None:
+    attack = _named(name)
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        attack_in(sandbox, attack)
+        body, _ = evaluate_clean(gateway, sandbox.lease.id)
+        # What an attack left outside its tree never travels: there the bug is simply still in place.
+        assert body["reward"] == 0.0, body["outcome_reason"]
+        assert body["outcome"] in (attack.outcome, "failed"), body["outcome_reason"]
+
+
+def test_the_honest_fix_scores_1_in_a_clean_sandbox_and_what_that_costs(gateway: str) -> None:
+    in_place: list[float] = []
+    apart: list[float] = []
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        _, fixed = fixed_source(sandbox, TASK)
+        sandbox.write_file(TASK.bug_path, fixed)
+        # A link out of the tree and a deleted test helper's neighbour: links stay behind, deletions travel.
+        made = sandbox.exec(["ln", "-s", "/etc/passwd", "passwd-link"], cwd=TASK.tree)
+        assert made.ok, made.stderr
+        for _ in range(3):
+            body, seconds = evaluate_clean(gateway, sandbox.lease.id)
+            assert (body["outcome"], body["reward"]) == ("passed", 1.0), body["outcome_reason"]
+            assert body["carried"] == {"changed": [TASK.bug_edit.file], "deleted": []}
+            apart.append(seconds)
+            body, seconds = evaluate_clean(gateway, sandbox.lease.id, clean=False)
+            assert (body["outcome"], body["reward"]) == ("passed", 1.0), body["outcome_reason"]
+            in_place.append(seconds)
+    ratio = statistics.median(apart) / statistics.median(in_place)
+    print(
+        f"\nscoring in place: median {statistics.median(in_place):.2f} s; in a clean sandbox: "
+        f"median {statistics.median(apart):.2f} s; ratio {ratio:.2f} (3 each, same serve, warm pool of 2)"
+    )
+
+
+def test_a_file_the_episode_deleted_is_deleted_in_the_clean_sandbox(gateway: str) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        removed = sandbox.exec(["rm", TASK.bug_edit.file], cwd=TASK.tree)
+        assert removed.ok, removed.stderr
+        body, _ = evaluate_clean(gateway, sandbox.lease.id)
+        assert body["reward"] == 0.0
+        assert body["carried"] == {"changed": [], "deleted": [TASK.bug_edit.file]}
+
+
+def test_clean_scoring_takes_only_a_task(gateway: str) -> None:
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        answer = httpx.post(
+            f"{gateway}/v1/leases/{sandbox.lease.id}/evaluate?clean=true",
+            json={"shell": "true"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=60,
+        )
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"] == "bad_task"
+        assert "takes a `task` object" in answer.json()["detail"]

@@ -91,6 +91,26 @@ class RealCluster:
             args += ["--ref", ref]
         return self.hack(*args, timeout=600).splitlines()[-1]
 
+    def trust_registry(self, host: str, ca: Path) -> Path:
+        """Let the node's containerd pull from `host` over TLS signed by `ca`; the hosts.toml written."""
+        return Path(self.hack("trust-registry", host, str(ca), timeout=60).splitlines()[-1])
+
+    def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """`ctr -n k8s.io ARGS` against the node's containerd (not checked)."""
+        socket = self.state_dir / "node" / "containerd" / "containerd.sock"
+        return subprocess.run(
+            ["ctr", f"--address={socket}", "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    @property
+    def registry_hosts_dir(self) -> Path:
+        """containerd's `config_path` on the node (hosts.toml per registry host)."""
+        return self.state_dir / "node" / "containerd" / "certs.d"
+
     @contextmanager
     def namespace(self, prefix: str = "rn") -> Iterator[Kubectl]:
         """A fresh namespace (with its default ServiceAccount), deleted afterwards; kubectl bound to it."""

@@ -40,6 +40,7 @@ def test_the_agents_counts_and_error_codes_are_the_clients() -> None:
     assert agent_wire.COUNT_KEYS == wire.COUNT_KEYS
     assert agent_wire.BAD_PATCH == wire.BAD_PATCH
     assert agent_wire.VERIFIER_CANNOT_RUN == wire.VERIFIER_CANNOT_RUN
+    assert agent_wire.SCORE_ELSEWHERE == wire.SCORE_ELSEWHERE
 
 
 def fields_read(module: str, function: str | None = None) -> set[str]:

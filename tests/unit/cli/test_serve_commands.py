@@ -14,6 +14,7 @@ from sandfleet.cli import app
         (["--recycle-episodes", "1"], "at least 2"),
         (["--recycle-episodes", "-3"], "--recycle-episodes"),
         (["--recycle-episodes", "4", "--recycle-seconds", "0"], "--recycle-seconds"),
+        (["--recycle-episodes", "4", "--commands-as-image-user"], "cannot be reset for another episode"),
     ],
 )
 def test_bad_recycling_flags_are_refused_with_what_to_pass(args: list[str], message: str) -> None:

@@ -69,6 +69,7 @@ POOL_FIELDS: dict[str, Callable[[PoolSpec], Any]] = {
     "spec.template.runtimeClassName": _field("template.runtime_class_name"),
     "spec.template.agentPort": _field("template.agent_port"),
     "spec.template.readinessDeadlineSeconds": _field("template.readiness_deadline_seconds"),
+    "spec.template.agent": _field("template.agent"),
     "spec.lease": lambda pool: _lease_object(pool.lease),
     "spec.lease.defaultTTLSeconds": _field("lease.default_ttl_seconds"),
     "spec.lease.maxTTLSeconds": _field("lease.max_ttl_seconds"),

@@ -19,6 +19,10 @@ def test_a_template_names_a_pool_or_an_image() -> None:
     assert e2b.template_choice(image, ["python"]) == e2b.E2BTemplate(image, image=image)
     digest = "task@sha256:" + "0" * 64
     assert e2b.template_choice(digest, []).image == digest
+    # A local layout is leased by its bare tag: an image when the pools serve it and no pool is so named.
+    assert e2b.template_choice("busybox", ["python"], {"sandfleet", "busybox"}).image == "busybox"
+    assert e2b.template_choice("python", ["python"], {"python"}).pool == "python"
+    assert e2b.template_choice("busybox", ["python"]).pool == "busybox"
 
 
 def test_the_sdk_default_template_is_the_only_pool_or_refused() -> None:
@@ -196,3 +200,13 @@ def test_list_filters_as_the_sdk_sends_them() -> None:
     assert not e2b.listed(labels, {"episode": "other"}, [], "")
     assert not e2b.listed(labels, {}, ["paused"], "")
     assert not e2b.listed(labels, {}, [], "node")
+
+
+def test_the_sdks_bash_form_falls_back_to_sh_and_nothing_else_does() -> None:
+    body = e2b.exec_request("/bin/bash", ["-l", "-c", "echo $PATH"], {"A": "1"}, "/srv", None)
+    again = e2b.without_bash(body)
+    assert again is not None
+    assert again["argv"] == ["/bin/sh", "-l", "-c", "echo $PATH"]
+    assert {k: v for k, v in again.items() if k != "argv"} == {k: v for k, v in body.items() if k != "argv"}
+    assert e2b.without_bash(e2b.exec_request("/bin/bash", ["-c", "x"], {}, None, None)) is None
+    assert e2b.without_bash(e2b.exec_request("python3", ["-l", "-c", "x"], {}, None, None)) is None

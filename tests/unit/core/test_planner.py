@@ -177,6 +177,15 @@ def test_broken_image_degrades_and_backs_off_instead_of_churning() -> None:
     assert not probing.creates, "no second probe while the first still starts"
 
 
+def test_a_broken_sandbox_leaves_its_reason_in_the_failures() -> None:
+    p = pool(2, [RegionSpec("us")])
+    reason = "ErrImagePull: 401 Unauthorized"
+    pulling = [replace(sandbox("us", ready=False, created_at=99.0), broken=True, broken_reason=reason)]
+    result = run(p, pulling, now=100.0)
+    assert result.failures.streak == 1
+    assert result.failures.broken_reason == reason
+
+
 def test_recovery_clears_the_streak() -> None:
     failures = FailureState(TEMPLATE.hash, DEGRADED_AFTER_FAILURES + 1, 10.0, 20.0)
     healthy = sandbox("us", created_at=30.0)

@@ -2,9 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sandfleet.core import api
+from sandfleet.core.agent_tokens import AGENT_TOKEN_ENV
 from sandfleet.core.model import (
     PREWARM_LABEL,
+    PoolSpec,
     RegionSpec,
     Template,
     image_key,
@@ -12,6 +16,12 @@ from sandfleet.core.model import (
     prewarm_from_object,
 )
 from sandfleet.core.pods import (
+    AGENT_BUNDLE_BUSYBOX,
+    AGENT_BUNDLE_LAUNCHER,
+    AGENT_BUNDLE_MOUNT,
+    AGENT_BUNDLE_SIZE_LIMIT,
+    AGENT_BUNDLE_VOLUME,
+    AgentBundleImage,
     image_digest,
     node_from_object,
     pod_usage,
@@ -19,9 +29,11 @@ from sandfleet.core.pods import (
     replica_selector,
     sandbox_from_pod,
     sandbox_pod,
+    sandbox_security_context,
     startup_phases,
 )
 from sandfleet.core.resources import Resources
+from sandfleet.local.injection import MOUNT_POINT
 
 POOL_OBJECT: dict[str, Any] = {
     "metadata": {"namespace": "ns", "name": "python", "uid": "u-1", "generation": 3},
@@ -157,6 +169,21 @@ def test_broken_pods_and_usage() -> None:
     broken = sandbox_from_pod(pulling)
     assert broken is not None
     assert broken.broken
+    assert broken.broken_reason == "ImagePullBackOff"
+    # The agent bundle's init container counts too, with the kubelet's message.
+    message = 'failed to pull and unpack image "r/bundle:1":  401 Unauthorized'
+    init = _ready_pod(
+        initContainerStatuses=[{"state": {"waiting": {"reason": "ErrImagePull", "message": message}}}]
+    )
+    bundle = sandbox_from_pod(init)
+    assert bundle is not None
+    assert bundle.broken
+    assert (
+        bundle.broken_reason == 'ErrImagePull: failed to pull and unpack image "r/bundle:1": 401 Unauthorized'
+    )
+    healthy = sandbox_from_pod(_ready_pod())
+    assert healthy is not None
+    assert (healthy.broken, healthy.broken_reason) == (False, "")
     assert pod_usage(_ready_pod()) == ("n1", Resources(500, 0, 1))
     assert pod_usage(_ready_pod(phase="Succeeded")) is None
     assert sandbox_from_pod({"metadata": {"name": "x", "labels": {}}}) is None
@@ -252,3 +279,111 @@ def test_only_the_other_ready_replicas_of_the_gateways_own_account_are_asked() -
     assert ready_replicas(pods, me, account) == ["10.0.0.2", "10.0.0.3"]
     assert ready_replicas([], me, account) == []
     assert ready_replicas([_replica("gw-b")], me, "") == []  # an unknown account matches nobody
+
+
+BUNDLE = AgentBundleImage("localhost/sandfleet/agent-bundle:0.1.0", "Never")
+
+
+def _pool_with(**template: Any) -> PoolSpec:
+    body = {**POOL_OBJECT, "spec": {**POOL_OBJECT["spec"]}}
+    body["spec"]["template"] = {**POOL_OBJECT["spec"]["template"], **template}
+    return pool_from_object(body)
+
+
+def _pod_of(pool: PoolSpec, bundle: AgentBundleImage | None = BUNDLE) -> dict[str, Any]:
+    return sandbox_pod(pool, pool.template, name="p-1", region="us-east1", zone=None, agent_bundle=bundle)
+
+
+def test_the_agent_is_the_images_own_unless_the_pool_says_injected() -> None:
+    pool = pool_from_object(POOL_OBJECT)
+    assert pool.template.agent == api.AGENT_IMAGE
+    spec = _pod_of(pool)["spec"]
+    # As before the field: the image's entrypoint, no init container, no volume.
+    assert {"initContainers", "volumes"}.isdisjoint(spec)
+    assert {"command", "args", "volumeMounts"}.isdisjoint(spec["containers"][0])
+
+
+def test_an_injected_agent_is_copied_in_by_an_init_container_and_mounted_read_only() -> None:
+    pool = _pool_with(image="registry.example/tasks/any:1", agent="injected")
+    spec = _pod_of(pool)["spec"]
+    (copier,) = spec["initContainers"]
+    (sandbox,) = spec["containers"]
+    (volume,) = spec["volumes"]
+    assert volume == {"name": AGENT_BUNDLE_VOLUME, "emptyDir": {"sizeLimit": AGENT_BUNDLE_SIZE_LIMIT}}
+    assert (copier["image"], copier["imagePullPolicy"]) == (BUNDLE.image, "Never")
+    assert copier["command"][:3] == [AGENT_BUNDLE_BUSYBOX, "cp", "-R"]
+    assert copier["volumeMounts"] == [{"name": AGENT_BUNDLE_VOLUME, "mountPath": copier["command"][-1]}]
+    # The sandbox sees the bundle read-only, where the local runtime mounts it.
+    assert sandbox["volumeMounts"] == [
+        {"name": AGENT_BUNDLE_VOLUME, "mountPath": MOUNT_POINT, "readOnly": True}
+    ]
+    assert sandbox["image"] == "registry.example/tasks/any:1"
+    assert sandbox["command"] == [AGENT_BUNDLE_BUSYBOX, "sh", AGENT_BUNDLE_LAUNCHER]
+    assert all(path.startswith(f"{MOUNT_POINT}/") for path in sandbox["command"][::2])
+    args = sandbox["args"]
+    assert args[:2] == ["--port", "8000"]
+    # Everything about the image is learnt inside the sandbox: the operator never pulls it.
+    for flag in ("--root", "--exec-user", "--verifier-user", "--image-env"):
+        assert args[args.index(flag) + 1] == "auto", flag
+    # The sandbox keeps its hardening; the copier gets none of its capabilities.
+    assert sandbox["securityContext"] == sandbox_security_context()
+    assert copier["securityContext"]["runAsNonRoot"] is True
+    assert copier["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert copier["securityContext"]["readOnlyRootFilesystem"] is True
+    assert copier["securityContext"]["allowPrivilegeEscalation"] is False
+    # The copier asks for what the sandbox asks: the Pod reserves no more than before.
+    assert copier["resources"] == sandbox["resources"]
+    usage = pod_usage({**_pod_of(pool), "spec": {**spec, "nodeName": "n1"}})
+    plain = _pod_of(_pool_with(image="registry.example/tasks/any:1"))
+    assert usage == pod_usage({**plain, "spec": {**plain["spec"], "nodeName": "n1"}})
+
+
+def test_an_injected_pool_keeps_the_agents_token_and_the_readiness_probe() -> None:
+    pool = _pool_with(agent="injected")
+    sandbox = sandbox_pod(
+        pool,
+        pool.template,
+        name="p-1",
+        region="us-east1",
+        zone=None,
+        agent_key=b"k" * 32,
+        agent_bundle=BUNDLE,
+    )["spec"]["containers"][0]
+    assert AGENT_TOKEN_ENV in {e["name"] for e in sandbox["env"]}
+    assert sandbox["readinessProbe"]["httpGet"] == {"path": "/v1/ready", "port": 8000}
+
+
+def test_an_injected_pool_without_a_bundle_image_is_refused() -> None:
+    with pytest.raises(ValueError, match="agent bundle"):
+        _pod_of(_pool_with(agent="injected"), bundle=None)
+
+
+def test_the_agent_mode_rolls_the_pods_only_when_it_is_not_the_default() -> None:
+    plain = pool_from_object(POOL_OBJECT).template
+    assert _pool_with(agent="image").template.hash == plain.hash
+    assert _pool_with(agent="injected").template.hash != plain.hash
+
+
+def test_image_pull_secrets_reach_the_pod_and_roll_it() -> None:
+    plain = pool_from_object(POOL_OBJECT)
+    assert "imagePullSecrets" not in _pod_of(plain)["spec"]
+    pool = _pool_with(imagePullSecrets=[{"name": "registry"}, {"name": "mirror"}], agent="injected")
+    assert pool.template.image_pull_secrets == ("registry", "mirror")
+    # Pod-wide: the sandbox image and the agent bundle image are pulled with them.
+    assert _pod_of(pool)["spec"]["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
+    assert _pool_with(imagePullSecrets=[{"name": "registry"}]).template.hash != plain.template.hash
+    assert _pool_with(imagePullSecrets=[]).template.hash == plain.template.hash
+
+
+def test_the_bundle_mount_is_the_local_runtimes() -> None:
+    assert AGENT_BUNDLE_MOUNT == MOUNT_POINT
+
+
+def test_commands_as_the_images_user_are_resolved_by_the_agent_inside_the_sandbox() -> None:
+    pool = _pool_with(agent="injected", commandsUser="root")
+    args = _pod_of(pool)["spec"]["containers"][0]["args"]
+    assert args[args.index("--exec-user") + 1] == "image:root"
+    assert args[args.index("--verifier-user") + 1] == "auto"  # still an id the image does not name
+    assert pool.template.commands_user == "root"
+    # The setting is part of the template: a pool that changes it gets new sandboxes.
+    assert pool.template.hash != _pool_with(agent="injected").template.hash

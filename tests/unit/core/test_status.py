@@ -60,6 +60,21 @@ def test_degraded_by_refused_creates_quotes_the_apiserver() -> None:
     assert by_type(make_plan(ready=0, failures=after))["Degraded"]["reason"] == "SandboxesNotReady"
 
 
+def test_degraded_by_an_image_that_cannot_be_pulled_says_so() -> None:
+    pulled = 'ErrImagePull: failed to pull image "127.0.0.1:5000/x:1": 401 Unauthorized'
+    failures = FailureState("h", 2, 10.0, 90.0).record(1, 95.0, broken_reason=pulled)
+    degraded = by_type(make_plan(ready=0, failures=failures))["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "ImagePullFailed")
+    assert "401 Unauthorized" in str(degraded["message"])
+    assert "imagePullSecrets" in str(degraded["message"])
+    # A later failure that says nothing new keeps the last words; another kind replaces them.
+    assert failures.record(1, 99.0).broken_reason == pulled
+    crashed = failures.record(1, 99.0, broken_reason="CrashLoopBackOff: back-off restarting")
+    degraded = by_type(make_plan(ready=0, failures=crashed))["Degraded"]
+    assert degraded["reason"] == "SandboxesNotReady"
+    assert "CrashLoopBackOff" in str(degraded["message"])
+
+
 def test_transition_times_survive_unchanged_statuses() -> None:
     first, changes = merge_conditions([], conditions(POOL, make_plan(ready=3), 100.0), 100.0)
     assert {c.type for c in changes} == {"Ready"}

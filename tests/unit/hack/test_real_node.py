@@ -118,6 +118,48 @@ def test_containerd_config_keeps_everything_under_the_node_root(tmp_path: Path) 
     assert runtimes["runsc"]["runtime_type"] == "io.containerd.runsc.v1"
     assert runtimes["runsc"]["options"]["ConfigPath"] == str(tmp_path / "runsc.toml")
     assert cri["cni"]["conf_dir"].startswith(str(tmp_path))
+    assert cri["registry"]["config_path"] == str(tmp_path / realnode.REGISTRY_HOSTS_DIR)
+
+
+def test_a_trusted_registry_gets_a_hosts_toml_with_its_ca(tmp_path: Path) -> None:
+    hosts = tomllib.loads(realnode.registry_hosts_toml("127.0.0.1:5000", tmp_path / "ca.crt"))
+    assert hosts["server"] == "https://127.0.0.1:5000"
+    host = hosts["host"]["https://127.0.0.1:5000"]
+    assert host == {"capabilities": ["pull", "resolve"], "ca": str(tmp_path / "ca.crt")}
+
+
+def test_image_gc_thresholds_move_by_environment_and_are_checked() -> None:
+    env = {"SANDFLEET_IMAGE_GC_HIGH": "2", "SANDFLEET_IMAGE_GC_LOW": "1", "SANDFLEET_IMAGE_GC_MIN_AGE": "0s"}
+    assert realnode.image_gc_policy(env) == {
+        "imageGCHighThresholdPercent": 2,
+        "imageGCLowThresholdPercent": 1,
+        "imageMinimumGCAge": "0s",
+    }
+    with pytest.raises(SystemExit):
+        realnode.image_gc_policy({"SANDFLEET_IMAGE_GC_HIGH": "50", "SANDFLEET_IMAGE_GC_LOW": "60"})
+
+
+@pytest.mark.parametrize("ref", ["sandfleet/sandbox:0.1.0", "localhost/sandfleet/agent-bundle:0.1.0"])
+def test_a_keeper_pod_uses_its_image_and_sleeps_with_the_bundles_busybox(ref: str) -> None:
+    bundle = "localhost/sandfleet/agent-bundle:0.1.0"
+    pod = realnode.keeper_pod(ref, bundle)
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == ref
+    assert container["imagePullPolicy"] == "Never"
+    assert container["command"][-2:] == realnode.KEEPER_SLEEP
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert "runtimeClassName" not in spec  # runc: it only has to exist
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["nodeName"] == realnode.NODE_NAME
+    assert pod["metadata"]["name"] == realnode.keeper_name(ref)
+    assert pod["metadata"]["annotations"][realnode.KEEPER_IMAGE_ANNOTATION] == ref
+    if ref == bundle:
+        assert "initContainers" not in spec
+    else:
+        (init,) = spec["initContainers"]
+        assert init["image"] == bundle
+        assert container["command"][0] == "/keep/busybox"
 
 
 def test_pods_get_no_default_route(tmp_path: Path) -> None:
@@ -141,7 +183,9 @@ def test_kubelet_config_fits_this_host(tmp_path: Path) -> None:
     assert config["port"] == 30250
     assert config["address"] == addresses.NODE_IP
     assert config["readOnlyPort"] == 0
-    assert config["imageGCHighThresholdPercent"] == 100  # imported images cannot be pulled again
+    # Image GC is on (pulled images are collected); imported ones are held by keeper Pods instead.
+    assert 0 < config["imageGCLowThresholdPercent"] < config["imageGCHighThresholdPercent"] < 100
+    assert config["imageMinimumGCAge"] == realnode.IMAGE_GC_MIN_AGE
     for key in ("podLogsDirectory", "resolvConf", "volumePluginDir"):
         assert config[key].startswith(str(tmp_path))
 

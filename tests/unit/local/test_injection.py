@@ -16,12 +16,14 @@ from sandfleet.local.injection import (
     MOUNT_POINT,
     AgentUsers,
     BundleLayout,
+    ImageUser,
     agent_argv,
     agent_env,
     choose_agent_users,
     image_environment,
     layout_from_manifest,
     plan_injection,
+    resolve_image_user,
     runs_own_agent,
     working_area,
 )
@@ -123,3 +125,47 @@ def test_an_images_passwd_is_read_without_following_its_links(tmp_path: Path) ->
     assert read_image_file(linked, "etc/passwd") is None
     (rootfs / "etc" / "dir").mkdir()
     assert read_image_file(rootfs, "etc/dir") is None
+
+
+PASSWD = (
+    "root:x:0:0:root:/root:/bin/sh\napp:x:1001:1002:App:/home/app:/bin/sh\n# a comment\n"
+    "nobody:x:65534:65534::/nonexistent:/bin/false\n"
+)
+GROUP = "root:x:0:\nstaff:x:50:\napp:x:1002:\n"
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        ("", ImageUser(0, 0, "/root")),
+        ("root", ImageUser(0, 0, "/root")),
+        ("0", ImageUser(0, 0, "/root")),
+        ("app", ImageUser(1001, 1002, "/home/app")),
+        ("1001", ImageUser(1001, 1002, "/home/app")),
+        ("app:staff", ImageUser(1001, 50, "/home/app")),
+        ("app:7", ImageUser(1001, 7, "/home/app")),
+        ("4242", ImageUser(4242, 0, "/")),  # a number need not be in passwd, as with runc
+        ("4242:4242", ImageUser(4242, 4242, "/")),
+    ],
+)
+def test_the_images_user_is_resolved_as_runc_does(user: str, expected: ImageUser) -> None:
+    assert resolve_image_user(user, PASSWD, GROUP) == expected
+
+
+@pytest.mark.parametrize(("user", "named"), [("ghost", "'ghost'"), ("app:ghosts", "group 'ghosts'")])
+def test_a_name_the_image_does_not_have_is_refused(user: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        resolve_image_user(user, PASSWD, GROUP)
+    with pytest.raises(ValueError, match="does not"):
+        resolve_image_user(user, None, None)  # no /etc/passwd at all (distroless, busybox)
+    assert resolve_image_user("root", None, None) == ImageUser(0, 0, "/root")  # root needs no passwd
+
+
+def test_commands_as_the_images_user_pass_root_by_name_and_others_with_their_home() -> None:
+    def exec_user(user: str) -> str:
+        injection = plan_injection([], "/testbed", PASSWD, GROUP, resolve_image_user(user, PASSWD, GROUP))
+        argv = agent_argv(LAYOUT, injection, 8000)
+        return argv[argv.index("--exec-user") + 1]
+
+    assert exec_user("") == "root"
+    assert exec_user("app") == "1001:1002:/home/app"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sandfleet.cli.task_commands import task_builder_on_path
 from sandfleet.local.artifacts import ImageRef
 from sandfleet.local.errors import (
     ImageNotFoundError,
@@ -18,7 +19,7 @@ from sandfleet.local.errors import (
     RegistryAuthError,
     RegistryUnavailableError,
 )
-from sandfleet.local.pull import RegistryAccess, resolve_image
+from sandfleet.local.pull import RegistryAccess, image_store, resolve_image
 from sandfleet.local.sources import REF_NAME, SOURCE_ANNOTATION, pinned_ref_name
 
 # Fails with the next line of $FAKE_SKOPEO_FAILURES (consumed), else writes a one-image OCI layout
@@ -150,3 +151,21 @@ def test_a_moved_tag_adds_a_pin_and_keeps_the_first(skopeo: Path, tmp_path: Path
     names = {m["annotations"][REF_NAME] for m in json.loads((store / "index.json").read_text())["manifests"]}
     assert names == {first.ref_name, second.ref_name}
     assert (store.parent / "store.lock").is_file()  # pulls into one store take turns
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{}, {"SANDFLEET_CACHE": "/x/cache"}, {"SANDFLEET_IMAGE_STORE": "/y/store", "SANDFLEET_CACHE": "/x"}],
+)
+def test_the_pruner_finds_the_store_where_pulls_put_it(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]
+) -> None:
+    """sandbox_image/build prune stands apart from sandfleet, so it places the store itself: the same way."""
+    monkeypatch.delenv("SANDFLEET_CACHE", raising=False)
+    monkeypatch.delenv("SANDFLEET_IMAGE_STORE", raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    task_builder_on_path()
+    import image_builder
+
+    assert image_builder.image_store() == image_store()

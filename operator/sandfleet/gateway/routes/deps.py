@@ -11,6 +11,7 @@ from fastapi import Path as PathParam
 
 from sandfleet.gateway.auth import Authenticator, Caller
 from sandfleet.gateway.backend import Backend
+from sandfleet.gateway.clean_scoring import LostEpisodes
 from sandfleet.gateway.leasing import LeaseService
 from sandfleet.gateway.metrics import GatewayMetrics
 from sandfleet.gateway.proxy import AgentProxy
@@ -30,6 +31,8 @@ class Parts:
     metrics: GatewayMetrics
     ready: Callable[[], bool]
     peers: Peers = field(default_factory=NoPeers)  # the other replicas (their share of each run's spans)
+    # Leases of pools whose commands run as the image's user that lost their sandbox mid-episode.
+    lost: LostEpisodes | None = None
 
 
 async def parts(request: Request) -> Parts:

@@ -42,7 +42,9 @@ def access_token(request: Request) -> str:
 @router.post("/v2/sandboxes", status_code=201)
 async def create(body: JsonBody, request: Request, who: Authed, shared: PartsDep) -> Response:
     try:
-        wanted = e2b.acquire_body(body, [pool.name for pool in shared.backend.pools()])
+        pools = shared.backend.pools()
+        served = {image for pool in pools for image in (pool.image, *pool.served_images)}
+        wanted = e2b.acquire_body(body, [pool.name for pool in pools], served)
         acquire = AcquireRequest(**wanted)
     except e2b.E2BRequestError as error:
         return refused(error)

@@ -174,16 +174,28 @@ class ProcessService(process_connect.Process):
             raise ConnectError(Code.INVALID_ARGUMENT, str(error)) from None
         bound = httpx.Timeout(body["timeout_s"] + ANSWER_MARGIN_S, connect=5.0)
         client = self.shared.proxy.client
+        fallback = e2b.without_bash(body)
         try:
-            async with client.stream(
-                "POST", where.url + "/v1/exec/stream", json=body, headers=where.headers, timeout=bound
-            ) as response:
-                if response.status_code >= 400:
-                    raise refusal(response.status_code, await response.aread()).connect()
-                async for line in response.aiter_lines():
-                    event = e2b.process_event(json.loads(line)) if line.strip() else None
-                    if event is not None:
-                        yield process_pb.StartResponse(event=event_pb(event))
+            for attempt in (body, fallback):
+                if attempt is None:
+                    break
+                async with client.stream(
+                    "POST", where.url + "/v1/exec/stream", json=attempt, headers=where.headers, timeout=bound
+                ) as response:
+                    if response.status_code >= 400:
+                        refused = refusal(response.status_code, await response.aread())
+                        if (
+                            attempt is body
+                            and fallback is not None
+                            and refused.agent_code == "command_not_found"
+                        ):
+                            continue  # no bash in this image: nothing ran, so /bin/sh runs it instead
+                        raise refused.connect()
+                    async for line in response.aiter_lines():
+                        event = e2b.process_event(json.loads(line)) if line.strip() else None
+                        if event is not None:
+                            yield process_pb.StartResponse(event=event_pb(event))
+                    return
         except httpx.TransportError as error:
             detail = f"the sandbox's agent stopped answering ({type(error).__name__})"
             raise ConnectError(Code.UNAVAILABLE, detail) from None
@@ -217,7 +229,7 @@ class FilesystemService(filesystem_connect.Filesystem):
             raise ConnectError(Code.INVALID_ARGUMENT, str(error)) from None
         params = {"path": request.path, "recursive": "1"} if recursive else {"path": request.path}
         listing = await self._call(ctx, "GET", "/v1/files/list", params=params)
-        root = e2b.absolute(str(listing.get("path", request.path)))
+        root = e2b.entry_path({"path": request.path, **listing})
         entries = []
         for entry in listing.get("entries", []):
             found = entry_pb(entry)

@@ -16,6 +16,7 @@ from sandfleet.core.quotas import CapacityError, QuotaExceeded
 from sandfleet.gateway.allow import allowed_methods
 from sandfleet.gateway.auth import NotAllowed, Unauthenticated
 from sandfleet.gateway.backend import RuntimeAway
+from sandfleet.gateway.clean_scoring import NotApart
 from sandfleet.gateway.disconnect import ClientGone
 from sandfleet.gateway.lease_errors import (
     KeyReused,
@@ -61,6 +62,7 @@ PROBLEMS: dict[type[Exception], tuple[int, str]] = {
     StalePolicy: (409, "policy_stale"),
     PolicyError: (409, "policy_conflict"),
     ProfileError: (422, "invalid_span"),
+    NotApart: (422, "bad_task"),
     SandboxUnreachable: (502, "sandbox_lost"),
     ClientGone: (499, "client_closed_request"),  # nobody reads it: the connection is gone
     RuntimeAway: (503, "unavailable"),

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 
+from sandfleet.gateway import clean_scoring
 from sandfleet.gateway.auth import Caller
+from sandfleet.gateway.lease_errors import LeaseGone, UnknownName
 from sandfleet.gateway.models import EvaluateResponse, Problem
 from sandfleet.gateway.proxy import SandboxUnreachable
 from sandfleet.gateway.routes.deps import Authed, JobId, Parts, PartsDep
@@ -65,13 +68,26 @@ async def forward(
     """Send `request` on to the agent of `who`'s lease `lease_id`, timed for the metrics and the run."""
     started = time.perf_counter()
     started_wall = time.time()
-    _, sandbox = await shared.service.current(lease_id, who.name)
-    url = sandbox.agent_url()
-    if url is None:
-        raise SandboxUnreachable("the sandbox has no address yet; release it and lease another")
-    response, agent_seconds = await shared.proxy.forward(
-        request, url, agent_path, stream=stream, sandbox=sandbox.name, episode=sandbox.episodes
-    )
+    try:
+        _, sandbox = await shared.service.current(lease_id, who.name)
+    except (UnknownName, LeaseGone):
+        # An episode run as the image's user (root) that lost its sandbox: its zero, not an error.
+        if agent_path == "/v1/evaluate" and shared.lost and (lost := shared.lost.report(lease_id, who.name)):
+            return JSONResponse(lost)
+        raise
+    if agent_path == "/v1/evaluate" and clean_scoring.wanted(
+        shared.service.pool(sandbox.pool), request.query_params
+    ):
+        response, agent_seconds = await clean_scoring.score(
+            shared.service, shared.proxy, who.name, lease_id, sandbox, await request.body()
+        )
+    else:
+        url = sandbox.agent_url()
+        if url is None:
+            raise SandboxUnreachable("the sandbox has no address yet; release it and lease another")
+        response, agent_seconds = await shared.proxy.forward(
+            request, url, agent_path, stream=stream, sandbox=sandbox.name, episode=sandbox.episodes
+        )
     if agent_path.startswith("/v1/exec"):
         shared.metrics.executed(sandbox.cluster, agent_seconds)
     # Every call counts (idle is the time between calls).
