@@ -171,7 +171,9 @@ def serve(
                 if commands_as_image_user:  # its User must be one its /etc/passwd names
                     image_user(served_image, read_image_config(served_image), rootfs)
         # A fresh fleet key: only this process reaches agents.
-        sandboxes = LocalRuntime(images[0], runsc, commands_as_image_user=commands_as_image_user)
+        sandboxes = LocalRuntime(
+            images[0], runsc, commands_as_image_user=commands_as_image_user, image_limits=image_limits
+        )
         backend = LocalBackend(
             sandboxes,
             pool,

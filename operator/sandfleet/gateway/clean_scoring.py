@@ -41,6 +41,8 @@ MAX_DELETED = 2_000
 CLEAN_WAIT_S = 60.0
 # The lease label that says which lease a clean sandbox scored.
 SCORES_LABEL = "scores"
+# Why an episode whose commands ran as the image's user scored 0 when its sandbox went away.
+LOST_EPISODE = "the episode's sandbox stopped answering while its commands ran as the image's user"
 
 
 @dataclass(frozen=True)
@@ -201,10 +203,7 @@ class LostEpisodes:
         if found is None or found[0] != holder:
             return None
         now = time.monotonic()
-        reason = (
-            f"the episode's sandbox stopped answering while its commands ran as the image's user: {found[1]}"
-        )
-        return refused(reason, Outcome.FAILED, now, now)
+        return refused(f"{LOST_EPISODE}: {found[1]}", Outcome.FAILED, now, now)
 
 
 class _TreeRefused(Exception):
@@ -231,20 +230,12 @@ async def score(
     try:
         episode = await asyncio.to_thread(travelling, await _download(proxy, sandbox, planned.tree))
     except (_TreeRefused, tarfile.TarError) as error:
-        reason = f"the episode's tree cannot travel: {error}"
-        return _json(
-            200, refused(reason, Outcome.FAILED, started, time.monotonic())
-        ), time.monotonic() - started
+        return _failed(f"the episode's tree cannot travel: {error}", started)
     except SandboxUnreachable as error:
         if not pool.commands_as_image_user:
             raise
         # Its commands could stop the agent: a sandbox lost mid-episode is the episode's zero.
-        reason = (
-            f"the episode's sandbox stopped answering while its commands ran as the image's user: {error}"
-        )
-        return _json(
-            200, refused(reason, Outcome.FAILED, started, time.monotonic())
-        ), time.monotonic() - started
+        return _failed(f"{LOST_EPISODE}: {error}", started)
     request = LeaseRequest(
         pool=pool.name,
         holder=holder,
@@ -256,25 +247,21 @@ async def score(
     lease, clean = granted.leases[0]
     try:
         try:
-            own = regular_files(await _download(proxy, clean, planned.tree))
+            own = await asyncio.to_thread(regular_files, await _download(proxy, clean, planned.tree))
         except (_TreeRefused, tarfile.TarError) as error:
             raise SandboxUnreachable(f"the clean sandbox's tree could not be read: {error}") from None
         # A link where the task has a file is never carried (in place, the task's file stays): only
         # what the episode's tree has no entry for at all was deleted.
         deleted = sorted(own - episode.entries)
         if len(deleted) > MAX_DELETED:
-            report = refused(
-                f"the episode deleted {len(deleted)} files of the task's tree (at most {MAX_DELETED} travel)",
-                Outcome.FAILED,
-                started,
-                time.monotonic(),
+            why = (
+                f"the episode deleted {len(deleted)} files of the task's tree (at most {MAX_DELETED} travel)"
             )
-            return _json(200, report), time.monotonic() - started
+            return _failed(why, started)
         try:
             await _upload(proxy, clean, planned.tree, episode.tar)
         except _TreeRefused as error:
-            report = refused(str(error), Outcome.FAILED, started, time.monotonic())
-            return _json(200, report), time.monotonic() - started
+            return _failed(str(error), started)
         for name in deleted:
             await _delete(proxy, clean, f"{planned.tree.rstrip('/')}/{name}")
         answer = await _evaluate(proxy, clean, raw)
@@ -375,5 +362,8 @@ def _agent_message(answer: httpx.Response) -> str:
         return f"HTTP {answer.status_code}"
 
 
-def _json(status: int, body: object) -> Response:
-    return Response(json.dumps(body).encode(), status_code=status, media_type="application/json")
+def _failed(reason: str, started: float) -> tuple[Response, float]:
+    """A `failed` evaluation with reward 0 that the episode caused, as the route answers it."""
+    now = time.monotonic()
+    body = json.dumps(refused(reason, Outcome.FAILED, started, now)).encode()
+    return Response(body, status_code=200, media_type="application/json"), now - started

@@ -93,12 +93,12 @@ def read_image_config(image: ImageRef) -> ImageConfig:
     labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
     argv = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
     own_agent = runs_own_agent(labels)
-    # Only an image that runs its own agent needs an entrypoint and a numeric user now; any other
-    # runs the injected agent as root (its User is not used yet).
+    # Only an image that runs its own agent needs an entrypoint and a numeric user: any other runs
+    # the injected agent as root, its User resolved by name where commands run as it (injection.py).
     if own_agent and not argv:
         raise LocalRuntimeError(f"image {image.layout}:{image.tag} has no entrypoint or command")
-    user = str(config.get("User") or "0:0")
-    uid_text, _, gid_text = user.partition(":")
+    user = str(config.get("User") or "")
+    uid_text, _, gid_text = (user or "0:0").partition(":")
     numeric = uid_text.isdigit() and (gid_text or uid_text).isdigit()
     if own_agent and not numeric:
         raise LocalRuntimeError(f"image user {user!r} must be numeric uid[:gid]")
@@ -109,7 +109,7 @@ def read_image_config(image: ImageRef) -> ImageConfig:
         gid=int(gid_text or uid_text) if numeric else 0,
         workdir=str(config.get("WorkingDir") or "/"),
         labels=labels,
-        user=str(config.get("User") or ""),
+        user=user,
     )
 
 

@@ -63,6 +63,7 @@ from sandfleet.local.injection import (
     plan_injection,
     resolve_image_user,
 )
+from sandfleet.local.layers import LayerLimits
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,7 @@ class LocalRuntime:
         agent_bundle: Path | None = None,
         inject_all: bool = False,
         commands_as_image_user: bool = False,
+        image_limits: LayerLimits | None = None,
     ) -> None:
         self.image = image
         self.runsc = runsc
@@ -218,6 +220,8 @@ class LocalRuntime:
         # Commands run as each image's own User (root when it names none), through the injected
         # agent; such episodes can reach the agent, so the gateway scores them in clean sandboxes.
         self.commands_as_image_user = commands_as_image_user
+        # What an image's layers may hold before this host unpacks them (serve's LocalImageSettings).
+        self.image_limits = image_limits
         # Only whoever holds this key (this runtime, and the gateway it is given to) can reach agents.
         self.fleet_key = fleet_key or new_fleet_key()
         # Told (on the event loop) of each sandbox that died without being released.
@@ -290,7 +294,7 @@ class LocalRuntime:
 
     async def _serve(self, image: ImageRef, mountpoint: Path) -> None:
         config = read_image_config(image)
-        shared = await ensure_rootfs(image)
+        shared = await ensure_rootfs(image, self.image_limits)
         injected = self.inject_all or self.commands_as_image_user or not config.own_agent
         if injected:
             # runsc makes a bind mount's mount point on the host side, in the read-only root.
