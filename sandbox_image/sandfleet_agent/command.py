@@ -101,9 +101,13 @@ def start(
     if user is not None:
         _check_runnable(argv[0], cwd, env)
         if switch_by_setpriv(env):
+            # no_new_privs is already set on the sandbox's first process (the OCI spec's
+            # noNewPrivileges, the Pod's allowPrivilegeEscalation: false) and gVisor ignores set-id
+            # bits unless runsc is given --allow-suid; setting it again here keeps a setuid-root
+            # program from giving a command root even where the agent is started without it.
             argv = [
                 *programs.setpriv(),
-                *(f"--reuid={user.uid}", f"--regid={user.gid}", f"--groups={marker}", "--"),
+                *(f"--reuid={user.uid}", f"--regid={user.gid}", f"--groups={marker}", "--no-new-privs", "--"),
                 *argv,
             ]
         else:

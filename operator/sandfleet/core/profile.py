@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from sandfleet.wire import SpanSource
 
@@ -37,6 +37,8 @@ PHASES: Final[tuple[str, ...]] = tuple(CATEGORY)
 CATEGORIES: Final[tuple[str, ...]] = ("generation", "sandbox", "scoring", "training")
 
 LEARNER_BUSY: Final = 0.8  # a learner busy this fraction of the window is the bottleneck
+Bottleneck = Literal["none", "rollout-sandbox", "rollout-scoring", "rollout-generation", "train"]
+BOTTLENECKS: Final[tuple[Bottleneck, ...]] = get_args(Bottleneck)
 
 
 class ProfileError(ValueError):
@@ -102,7 +104,7 @@ class PhaseStats:
 class BottleneckVerdict:
     """The bottleneck and the lever that fits it."""
 
-    bottleneck: Literal["none", "rollout-sandbox", "rollout-generation", "train"]
+    bottleneck: Bottleneck
     lever: str
     reason: str
 
@@ -152,8 +154,19 @@ def judge(seconds: dict[str, float], learner_busy: float | None) -> BottleneckVe
             "train", "add actors: the learner has nothing else to wait for", "only training in the window"
         )
     busy = "" if learner_busy is None else f"the learner was busy only {learner_busy:.0%}; "
-    # Scoring runs the tests inside the sandbox, so it is sandbox time as far as levers go.
+    # Scoring runs the tests inside the sandbox, so together they weigh against generation; which of
+    # the two is larger picks the lever: a warm sandbox does not make its tests run faster.
     in_sandbox = seconds["sandbox"] + seconds["scoring"]
+    if in_sandbox >= seconds["generation"] and seconds["scoring"] > seconds["sandbox"]:
+        return BottleneckVerdict(
+            "rollout-scoring",
+            "make each score cheaper, not the pool larger: run only the task's deciding tests, run"
+            " them in parallel within the sandbox's CPU limit, pay the test runner's start-up once"
+            " (a checkpoint with pytest imported), and check runsc's file-access and overlay options"
+            " (docs/benchmarks.md); score in the background while generating",
+            f"{busy}rollouts spend {seconds['scoring'] / rollout:.0%} of their time in tests and "
+            f"{seconds['sandbox'] / rollout:.0%} waiting for and in sandboxes",
+        )
     if in_sandbox >= seconds["generation"]:
         return BottleneckVerdict(
             "rollout-sandbox",

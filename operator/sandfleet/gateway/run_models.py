@@ -99,7 +99,7 @@ class PhaseView(BaseModel):
 
 
 class VerdictView(BaseModel):
-    bottleneck: str = Field(description="none, rollout-sandbox, rollout-generation or train.")
+    bottleneck: str = Field(description="none, rollout-sandbox, rollout-scoring, rollout-generation or train.")
     lever: str
     reason: str
 

@@ -70,6 +70,25 @@ def test_commands_run_as_root_and_the_honest_fix_scores_1(gateway: str) -> None:
         assert honest["carried"] == {"changed": [TASK.bug_edit.file], "deleted": []}
 
 
+def test_a_setuid_root_program_gives_another_user_nothing(gateway: str) -> None:
+    # Root can make a setuid-root program (in the tree it could carry to the clean sandbox, where the
+    # verifier runs the tests): gVisor ignores set-id bits (runsc has no --allow-suid) and every
+    # process inherits no_new_privs from the sandbox's first one, so it runs as whoever starts it.
+    with Fleet(gateway, token=TOKEN) as fleet, fleet.lease("python") as sandbox:
+        made = sandbox.exec(
+            [
+                "sh",
+                "-c",
+                "cp /usr/bin/id ./euid && chmod 4755 ./euid && stat -c '%a %u' ./euid && "
+                "setpriv --reuid=4242 --regid=4242 --clear-groups ./euid -u && "
+                "setpriv --reuid=4242 --regid=4242 --clear-groups grep NoNewPrivs /proc/self/status",
+            ],
+            cwd=TASK.tree,
+        )
+        assert made.ok, made.stderr
+        assert made.stdout.split() == ["4755", "0", "4242", "NoNewPrivs:", "1"], made.stdout
+
+
 @pytest.mark.parametrize(
     "name", ["conftest.py at the tree's root", "deciding tests deleted", "early exit: os._exit(0) at import"]
 )
