@@ -24,7 +24,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("base", help="the base image (the default)")
-    sub.add_parser("prune", help="remove cached and pulled images, rootfs and agent bundles but the current")
+    sub.add_parser(
+        "prune",
+        help="remove cached and pulled images, rootfs, agent bundles and their images but the current",
+    )
     sub.add_parser("agent-bundle", help="the agent bundle the local runtime mounts into foreign images")
     sub.add_parser(
         "agent-bundle-image",
@@ -47,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ib.build_lock():
             if args.command == "prune":
-                for name in [*ib.prune(args.mirror), *agent_bundle.prune(), *ib.prune_image_store()]:
+                for name in [
+                    *ib.prune(args.mirror),
+                    *agent_bundle.prune(),
+                    *bundle_image.prune(),
+                    *ib.prune_image_store(),
+                ]:
                     ib.progress(f"removed {name}")
                 return 0
             if args.command == "agent-bundle":

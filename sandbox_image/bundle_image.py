@@ -41,6 +41,8 @@ BUSYBOX = "bin/busybox"
 LAUNCHER = "bin/agent"
 # The copier runs as nobody (core/pods.py); the image says so too.
 COPIER_USER = "65534:65534"
+# Cache entries (under image_builder's cache root) are named by image_key: the prefix tells them apart.
+KEY_PREFIX = "agent-bundle-image-"
 PYPROJECT = ib.HERE.parent / "pyproject.toml"
 
 
@@ -87,7 +89,33 @@ def image_key(bundle_key: str, busybox: str, ref: str) -> str:
         ref,
         hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
     ]
-    return "agent-bundle-image-" + hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
+    return KEY_PREFIX + hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
+
+
+def current_key() -> str:
+    """The key the agent bundle image would be built under now (apt's candidate versions, no build)."""
+    return image_key(
+        agent_bundle.bundle_key(agent_bundle.candidate_versions()), busybox_version(), image_ref()
+    )
+
+
+def stale(names: list[str], keep: str) -> list[str]:
+    """The cache entries that are agent bundle images other than `keep`, build leftovers included."""
+    return sorted(name for name in names if name.startswith((KEY_PREFIX, f".{KEY_PREFIX}")) and name != keep)
+
+
+def prune() -> list[str]:
+    """Remove cached agent bundle images other than the current one (each is a 48 MB archive).
+
+    Runs under image_builder's build lock (sandbox_image/build prune), so no build is half-way.
+    """
+    root = ib.cache_root()
+    if not root.is_dir():
+        return []
+    removed = stale([entry.name for entry in root.iterdir() if entry.is_dir()], current_key())
+    for name in removed:
+        shutil.rmtree(root / name, ignore_errors=True)
+    return removed
 
 
 def build_bundle_image() -> ib.BuiltImage:

@@ -20,6 +20,7 @@ from sandfleet.cli.task_commands import task_builder_on_path
 task_builder_on_path()
 
 import build_cli  # noqa: E402
+import bundle_image  # noqa: E402
 import image_builder as ib  # noqa: E402
 import task_image as ti  # noqa: E402
 
@@ -172,6 +173,22 @@ def test_sandbox_image_build_reads_the_base_a_task_and_prune(
     assert build_cli.parse_args(["--json", "prune"]).json
     task = build_cli.parse_args(["task", "--name", "t1", "--workspace", str(tmp_path), "--setup", "make"])
     assert (task.command, task.name, task.workspace, task.setup) == ("task", "t1", tmp_path, "make")
+
+
+def test_prune_drops_agent_bundle_images_but_the_current_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    current = bundle_image.image_key("bundle", "1.36", "localhost/sandfleet/agent-bundle:1")
+    old = bundle_image.image_key("older-bundle", "1.36", "localhost/sandfleet/agent-bundle:1")
+    names = [current, old, f".{old}.x1y2", "base-0123", "task-4567", "agent-bundle-abc"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(ib, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(bundle_image, "current_key", lambda: current)
+    assert bundle_image.prune() == sorted([old, f".{old}.x1y2"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [current, "base-0123", "task-4567", "agent-bundle-abc"]
+    )
 
 
 def _tar(path: Path, members: dict[str, bytes]) -> Path:
