@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, Field
 
 from sandfleet.core.policy_versions import RunPolicy
-from sandfleet.core.profile import PHASES, Profile, Source, Span
+from sandfleet.core.profile import BOTTLENECKS, PHASES, Profile, Source, Span
 from sandfleet.gateway.models import Strict
 from sandfleet.wire import PolicyMode, SpanSource
 
@@ -99,7 +99,7 @@ class PhaseView(BaseModel):
 
 
 class VerdictView(BaseModel):
-    bottleneck: str = Field(description="none, rollout-sandbox, rollout-scoring, rollout-generation or train.")
+    bottleneck: str = Field(description=f"One of: {', '.join(BOTTLENECKS)}.")
     lever: str
     reason: str
 
