@@ -10,12 +10,14 @@ def _register_commands() -> None:
     from sandfleet.cli import (  # noqa: F401
         client_commands,
         gateway_commands,
+        harbor_commands,
         operator_commands,
         rl_commands,
         run_commands,
         serve_commands,
         task_commands,
         task_factory_commands,
+        task_format_commands,
     )
 
 

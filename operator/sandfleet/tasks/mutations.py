@@ -257,6 +257,17 @@ def mutants(source: str, lines: frozenset[int] | None = None) -> Iterator[Mutant
                             break
 
 
+def common_ends(old: list[str], new: list[str]) -> tuple[int, int]:
+    """How many lines the two share at their start, and then at their end (never overlapping)."""
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    return head, tail
+
+
 def edit_anchor(original: str, mutated: str) -> tuple[str, str]:
     """The smallest whole-line window (`find`, `replace`) turning one text into the other.
 
@@ -264,12 +275,7 @@ def edit_anchor(original: str, mutated: str) -> tuple[str, str]:
     once in `mutated`, so the edit can be applied either way: to break the tree, or to fix it.
     """
     old, new = original.splitlines(keepends=True), mutated.splitlines(keepends=True)
-    head = 0
-    while head < min(len(old), len(new)) and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
+    head, tail = common_ends(old, new)
     if head == len(old) == len(new):
         raise ValueError("the texts are equal: no edit")
     lo, old_hi, new_hi = head, len(old) - tail, len(new) - tail

@@ -7,8 +7,9 @@ builds our environment from an `import_path` config as a trial does, and harbor'
 removes stale rewards, uploads `tests/` to `/tests`, runs `/tests/test.sh` as the task's verifier
 user and parses the reward file it downloads. The agent phase is the oracle's two steps (upload
 `solution/` to `/solution`, run `solve.sh` as the agent user), done here by hand: harbor's
-`OracleAgent` also writes its log under `/logs/agent`, which a Docker trial first makes world
-writable as root, and sandfleet never runs a command as root.
+`OracleAgent` also writes its log under `/logs/agent`, root's on this user-split pool, where
+sandfleet never runs a command as root (`harbor run` itself runs on a root pool: see
+test_harbor_adapter.py).
 
 usage: harbor_trial.py TASK_DIR OUT_DIR URL TOKEN POOL [--solve]
 """

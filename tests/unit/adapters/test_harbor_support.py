@@ -12,12 +12,20 @@ import pytest
 
 from sandfleet.adapters.harbor_support import (
     Route,
+    SharedVerifierError,
     UnsupportedUserError,
     exit_code,
+    is_separate_verifier,
+    log_dirs_command,
     pack_dir,
+    read_command,
+    refuse_tests_in_episode,
+    root_route,
     route,
+    runs_as_root,
     unpack_into,
     verifier_output,
+    write_command,
 )
 
 
@@ -107,3 +115,52 @@ def test_a_hostile_archive_from_the_sandbox_lands_nothing_outside(
         unpack_into(_tar(member), target)
     assert not (tmp_path / "escape").exists()
     assert not (tmp_path / "a" / "escape").exists()
+
+
+def test_a_pool_runs_as_root_when_id_says_0() -> None:
+    assert runs_as_root("0\n") is True
+    assert runs_as_root("1000\n") is False
+    assert runs_as_root("") is False
+
+
+def test_harbors_separate_verifier_is_told_by_its_session_id() -> None:
+    assert is_separate_verifier("hello-app__ReKTjdQ__verifier__trial") is True
+    assert is_separate_verifier("hello-app__ReKTjdQ") is False
+
+
+@pytest.mark.parametrize("user", [None, "root", 0])
+def test_on_a_root_pool_root_commands_are_execs(user: str | int | None) -> None:
+    assert root_route(user) is Route.SANDBOX
+
+
+@pytest.mark.parametrize("user", ["verifier", "sandbox", 1000])
+def test_on_a_root_pool_another_user_is_refused_rather_than_run_as_root(user: str | int) -> None:
+    with pytest.raises(UnsupportedUserError, match=f"every command as root, not as {user!r}"):
+        root_route(user)
+
+
+@pytest.mark.parametrize("target", ["/tests", "/tests/", "tests", "/tests/test.sh", "//tests/x"])
+def test_a_root_episode_refuses_harbors_tests(target: str) -> None:
+    with pytest.raises(SharedVerifierError, match='environment_mode = "separate"'):
+        refuse_tests_in_episode(target)
+
+
+@pytest.mark.parametrize("target", ["/solution", "/logs/agent", "/app/tests", "/testsuite"])
+def test_a_root_episode_takes_everything_else(target: str) -> None:
+    refuse_tests_in_episode(target)
+
+
+def test_the_log_directories_are_harbors() -> None:
+    assert log_dirs_command() == "mkdir -p /logs/agent /logs/verifier /logs/artifacts"
+
+
+def test_files_outside_the_routes_move_as_base64_through_a_root_shell_quoted() -> None:
+    assert read_command("/var/tmp/a b.log", directory=False) == "base64 < '/var/tmp/a b.log'"
+    assert read_command("/opt/out", directory=True) == "tar -C /opt/out -czf - . | base64"
+    assert write_command("/var/tmp/x;rm", directory=False) == (
+        "mkdir -p -- /var/tmp && base64 -d > '/var/tmp/x;rm'"
+    )
+    assert write_command("/top", directory=False) == "mkdir -p -- / && base64 -d > /top"
+    assert write_command("/opt/in", directory=True) == (
+        "mkdir -p -- /opt/in && base64 -d | tar --no-same-owner -xzf - -C /opt/in"
+    )
