@@ -80,6 +80,12 @@ BENCHMARKS = (
         "reward attacks on a catalogue task, a test command's report vs the named tests",
         "runsc, root",
     ),
+    Benchmark(
+        "scoring_speed",
+        "scoring_speed.py",
+        "each catalogue task's deciding tests scored in gVisor and on the host, by phase",
+        "runsc, root",
+    ),
     Benchmark("gateway_leases", "gateway_leases.py", "leases through the gateway", "own local cluster", 3),
     Benchmark(
         "gateway_replicas",
@@ -135,6 +141,24 @@ def at_least(field: str, size: float, what: str) -> Callable[[dict[str, float]],
 
 
 TARGETS = (
+    Target(
+        "scoring, the whole catalogue: time to score in gVisor / on the host, median over tasks",
+        "<= 1.3x",
+        "scoring_speed",
+        "score_ratio_p50",
+        lambda v: v <= 1.3,
+        "x",
+        requires=at_least("tasks", 54, "ran over a catalogue"),
+    ),
+    Target(
+        "scoring, the whole catalogue: time to score in gVisor / on the host, p90 over tasks",
+        "<= 2x",
+        "scoring_speed",
+        "score_ratio_p90",
+        lambda v: v <= 2.0,
+        "x",
+        requires=at_least("tasks", 54, "ran over a catalogue"),
+    ),
     Target(
         "warm lease, 300-lease burst, real apiserver, p50",
         "<= 10 ms",

@@ -35,7 +35,7 @@ from typing import Literal
 import image_builder as ib
 
 # Bump when what a task image holds changes for the same inputs.
-TASK_BUILDER_VERSION = "3"
+TASK_BUILDER_VERSION = "4"
 # The task's own copy of /workspace as the image holds it, root's and read-only to everyone else:
 # scoring builds its tree from here, never from what an episode left in /workspace (docs/tasks.md).
 PRISTINE_WORKSPACE = "/opt/sandfleet/pristine/workspace"
@@ -453,10 +453,32 @@ def lay_pristine_copy(rootfs: Path) -> None:
     pristine = rootfs / PRISTINE_WORKSPACE.lstrip("/")
     pristine.parent.mkdir(parents=True, exist_ok=True)
     ib.run(["cp", "-a", f"{rootfs / 'workspace'}/.", str(pristine)], what="copying the pristine workspace")
+    byte_compile(rootfs, PRISTINE_WORKSPACE)
     ib.run(["chown", "-R", "0:0", str(pristine)], what="chown of the pristine workspace")
     ib.run(["chmod", "-R", "go-w", str(pristine)], what="chmod of the pristine workspace")
     for directory in (pristine.parent, pristine.parent.parent):
         os.chmod(directory, 0o755)
+
+
+def byte_compile(rootfs: Path, directory: str) -> None:
+    """Byte-compile a directory of the image with its own python, checked by hash.
+
+    Scoring runs the tests from the pristine copy as the verifier, who cannot write there, so
+    without this every score compiled pytest and the task's dependencies from source again (about
+    half of its start-up, bench/scoring_speed.py). Checked hashes, not mtimes or unchecked ones: a
+    scoring tree carries the episode's edits over the pristine files, and an edited module must
+    never run its pristine bytecode. Files that are not Python 3 (sdists ship test data, Python 2
+    modules) stay uncompiled, so compileall's exit status is not an error here.
+    """
+    subprocess.run(
+        [
+            *("chroot", str(rootfs), "/usr/bin/env", "-i", "/usr/bin/python3", "-m", "compileall", "-q"),
+            *("-j", "0", "--invalidation-mode", "checked-hash", directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def run_setup(name: str, rootfs: Path, script: str, wheels: Path | None, log: Path) -> None:

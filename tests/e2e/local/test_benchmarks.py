@@ -70,3 +70,23 @@ def test_image_cold_start_short(runsc: Path, base_image: ImageRef) -> None:
     assert images["base"]["boot_ready_over_base"] == 1.0
     assert images["busybox"]["boot_ready_over_base"] > 0
     assert images["base, injected"]["boot_ready_over_base"] > 0
+
+
+def test_scoring_speed_short(runsc: Path, base_image: ImageRef) -> None:
+    """tasks/ci.yaml's tasks scored in gVisor and on the host: every phase measured, ratios consistent."""
+    report = run_short("scoring_speed.py")
+    assert report["benchmark"] == "scoring_speed"
+    assert report["tasks"] == len(report["rows"]) == 3
+    for row in report["rows"]:
+        for side in ("host", "gvisor"):
+            phases = row[side]
+            assert phases["score_s"] >= phases["runner_s"] > 0, (side, phases)
+            assert 0 < phases["startup_s"] < phases["runner_s"]
+            assert phases["tests_s"] > 0
+            assert phases["startup_uncompiled_s"] > 0
+        assert row["runner_ratio"] == row["gvisor"]["runner_s"] / row["host"]["runner_s"]
+    assert 0 < report["score_ratio_p50"] <= report["score_ratio_p90"]
+    assert report["meets_targets"] == (
+        report["score_ratio_p50"] <= report["target_score_ratio_p50"]
+        and report["score_ratio_p90"] <= report["target_score_ratio_p90"]
+    )

@@ -79,6 +79,19 @@ def test_the_honest_fix_scores_1(project: Path) -> None:
     assert report["counts"] == {"passed": 2, "failed": 0, "error": 0, "skipped": 0, "xfailed": 0}
 
 
+def test_an_edit_whose_time_is_put_back_is_not_carried_and_scores_the_pristine_file(project: Path) -> None:
+    # Same size, same time as the pristine file: taken as unchanged without reading either copy.
+    # The fix has the bug's size, so only the time tells them apart here; putting it back can only
+    # keep the episode's own edit out of scoring.
+    edited = project / "episode" / "pkg" / "__init__.py"
+    pristine = os.stat(project / "pristine" / "pkg" / "__init__.py")
+    edited.write_text(FIXED)
+    os.utime(edited, ns=(pristine.st_atime_ns, pristine.st_mtime_ns))
+    report = score(project)
+    assert (report["outcome"], report["reward"]) == ("failed", 0.0), report["outcome_reason"]
+    assert report["carried"] == {"changed": [], "deleted": []}
+
+
 def test_a_suite_writing_into_its_tree_is_scored_as_its_project_runs_it(project: Path) -> None:
     # Coverage files, caches: the scoring tree is the verifier's to write (semver's .coverage).
     (project / "episode" / "pkg" / "__init__.py").write_text(FIXED)
