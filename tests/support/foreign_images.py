@@ -6,7 +6,8 @@
 - `musl`: an Alpine-style root: musl's libc as /lib/ld-musl-x86_64.so.1, busybox-static, no glibc.
 - `distroless`: one static binary (busybox, at /app/busybox), no /bin/sh, no /etc at all.
 - `bullseye`: an older distribution, Debian 11 `--variant=minbase` made by mmdebstrap from the
-  Debian mirror: glibc 2.31, bash, apt, no python; its own Env and WorkingDir (32 MB gzipped).
+  Debian mirror: glibc 2.31, bash, apt, no python; its own Env and WorkingDir (32 MB gzipped);
+  a setuid-root copy of GNU `id` as BULLSEYE_SETUID_ID.
 - `build_conda_image()`, the benchmark's (bench/image_cold_start.py), not a test's: 1.0 GB of Debian
   bookworm and a conda-style /opt/conda of PyPI wheels, keyed by its own inputs.
 
@@ -43,6 +44,9 @@ MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
 BULLSEYE_GLIBC = "2.31"
 BULLSEYE_WORKDIR = "/opt/legacy"
 BULLSEYE_MARKER = "debian-11"
+# A setuid-root copy of GNU `id` in the bullseye image: what it says under a non-root command is
+# whether a setuid program gets root there (it must not: no_new_privs, or the runtime clearing it).
+BULLSEYE_SETUID_ID = "/usr/local/bin/euid"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # Small: no docs, manuals or translations (what a slim base image drops too).
 BULLSEYE_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
@@ -131,6 +135,7 @@ def _bullseye(rootfs: Path) -> dict[str, list[str]]:
         '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin "$1"/var/log/*.log',
         f'--customize-hook=mkdir -p "$1"{BULLSEYE_WORKDIR}',
         f"--customize-hook=echo 'old but gold' > \"$1\"{BULLSEYE_WORKDIR}/README",
+        f'--customize-hook=install -o root -g root -m 4755 "$1"/usr/bin/id "$1"{BULLSEYE_SETUID_ID}',
         "bullseye", str(rootfs), mirror(),
     ])  # fmt: skip
     _empty_dev(rootfs)

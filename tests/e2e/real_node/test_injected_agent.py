@@ -9,7 +9,10 @@ The cold start of such a Pod is measured against the sandbox image's own agent, 
 The node's containerd also pulls: a local registry (Debian's docker-registry, TLS and basic auth,
 tests/support/registry.py) serves the foreign images; the node trusts its CA (`hack/cluster
 trust-registry`) and the pool's imagePullSecrets carry the credentials. A pool whose image cannot be
-pulled (wrong password) says so in its Degraded condition, and leaves nothing behind.
+pulled (wrong password) says so in its Degraded condition, and leaves nothing behind. Pools of the
+musl, distroless and bullseye images pulled from it are leased by the gateway API, the `sandfleet`
+CLI and the unmodified e2b SDK (`template=` the image's reference), each command seeing the image's
+Env and WorkingDir; and bullseye's setuid-root `id` gives a command no root (no_new_privs).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from e2b import Sandbox as E2BSandbox
 
 from sandfleet.client import Fleet
 from sandfleet.controller.settings import DEFAULT_AGENT_BUNDLE_IMAGE
@@ -42,9 +47,15 @@ from sandfleet.local.injection import AGENT_ID_BASE
 from tests.e2e.real_node.cluster import REAL_NODE_LABEL, REPO, RealCluster
 from tests.support.agent_key import fleet_key_file
 from tests.support.foreign_images import (
+    BULLSEYE_GLIBC,
+    BULLSEYE_MARKER,
+    BULLSEYE_SETUID_ID,
+    BULLSEYE_WORKDIR,
     BUSYBOX_MARKER,
     BUSYBOX_PATH,
     BUSYBOX_WORKDIR,
+    MUSL_LOADER,
+    build_conda_image,
     build_foreign_image,
 )
 from tests.support.kube import Kubectl, wait_until
@@ -67,6 +78,56 @@ PULL_SECRET = "registry"
 # the pools, musl (nothing of it on the node) for the cold pulls.
 PULLED_BUSYBOX = "foreign/busybox:1"
 PULLED_MUSL = "foreign/musl:1"
+# The cold-pull test's image: musl; with SANDFLEET_COLD_PULL_IMAGE=conda the benchmark's 1 GB conda
+# image instead (build_conda_image: minutes to build the first time, then cached), in
+# SANDFLEET_COLD_PULL_ROUNDS rounds (default COLD_STARTS).
+PULLED_CONDA = "foreign/conda:1"
+COLD_PULL_CONDA = os.environ.get("SANDFLEET_COLD_PULL_IMAGE") == "conda"
+COLD_PULL_ROUNDS = int(os.environ.get("SANDFLEET_COLD_PULL_ROUNDS") or COLD_STARTS)
+# How long a Pod may take to be Ready, and `ctr` to pull: a gigabyte's pull and unpack takes longer.
+COLD_PULL_LIMIT_S = 600 if COLD_PULL_CONDA else 120
+
+
+@dataclass(frozen=True)
+class PulledImage:
+    """A foreign image the node pulls for a pool of its own, and what its commands must see."""
+
+    name: str  # in IMAGES; the pool's name is `pulled-NAME`
+    repository: str  # where the registry keeps it
+    path: str  # the image's PATH
+    workdir: str  # its WorkingDir (sandfleet's /workspace for an image without one)
+    marker: str  # its MARKER variable ("" for none)
+    shell: tuple[str, ...]  # how a command line runs there: its own shell, or busybox's (distroless)
+
+    @property
+    def pool(self) -> str:
+        return f"pulled-{self.name}"
+
+    def probe(self) -> list[str]:
+        """A command printing what the image's config gives a command: PATH, MARKER, the cwd."""
+        return [*self.shell, 'echo "$PATH|$MARKER|$(pwd)"']
+
+    @property
+    def expected(self) -> str:
+        return f"{self.path}|{self.marker}|{self.workdir}\n"
+
+
+# One pool of each, pulled from the local registry by TestPulledImagesByEveryClient and deleted
+# after it (the cold-pull test forgets the musl image's digest, whatever the name).
+PULLED_IMAGES = {
+    image.name: image
+    for image in (
+        PulledImage(
+            "musl", "foreign/musl-pool:1", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "/workspace", "", ("sh", "-c"),
+        ),
+        PulledImage("distroless", "foreign/distroless:1", "/app", "/app", "", ("busybox", "sh", "-c")),
+        PulledImage(
+            "bullseye", "foreign/bullseye:1", "/usr/local/bin:/usr/bin:/bin", BULLSEYE_WORKDIR,
+            BULLSEYE_MARKER, ("bash", "-c"),
+        ),
+    )
+}  # fmt: skip
 
 
 def _oci_archive(layout: Path, into: Path) -> Path:
@@ -147,6 +208,10 @@ def registry(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory
     try:
         served.push(f"oci:{build_foreign_image('busybox').layout_ref}", PULLED_BUSYBOX)
         served.push(f"oci:{build_foreign_image('musl').layout_ref}", PULLED_MUSL)
+        if COLD_PULL_CONDA:
+            served.push(f"oci:{build_conda_image().layout_ref}", PULLED_CONDA)
+        for image in PULLED_IMAGES.values():
+            served.push(f"oci:{build_foreign_image(image.name).layout_ref}", image.repository)
         real_cluster.trust_registry(served.host, served.cert_dir / "ca.crt")
         yield served
     finally:
@@ -179,7 +244,8 @@ def fleetside(
     admin("wait", "--for=condition=Established", "crd/sandboxpools.sandfleet.dev", "--timeout=60s")
     workdir = tmp_path_factory.mktemp("injected")
     key = fleet_key_file(workdir)
-    (workdir / "tokens").write_text(f"{TOKEN} tester {POOL},{PULLED_POOL},{UNPULLABLE_POOL},{ROOT_POOL}\n")
+    pools = [POOL, PULLED_POOL, UNPULLABLE_POOL, ROOT_POOL, *(i.pool for i in PULLED_IMAGES.values())]
+    (workdir / "tokens").write_text(f"{TOKEN} tester {','.join(pools)}\n")
     env = {**os.environ, "KUBECONFIG": str(real_cluster.kubeconfig)}
     with real_cluster.namespace("inj") as kube:
         namespace = kube.namespace
@@ -305,6 +371,152 @@ def test_the_node_pulls_a_pool_image_from_a_private_registry_with_the_pools_secr
     kube.run("delete", "sandboxpool", PULLED_POOL, "--wait=false")
 
 
+def _e2b_settings(monkeypatch: pytest.MonkeyPatch, gateway: str) -> None:
+    """The unmodified SDK's own settings, pointing it at the gateway as the tester."""
+    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_ACCESS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("E2B_API_URL", f"{gateway}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{gateway}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", TOKEN)
+
+
+@pytest.fixture(scope="class")
+def references(fleetside: Fleetside, registry: LocalRegistry) -> Iterator[dict[str, str]]:
+    """The pools of PULLED_IMAGES, filled (one warm each), for one class of tests (deleted after it:
+    the cold-pull test forgets images); each image's reference by its name."""
+    kube = fleetside.kube
+    kube.apply(_pull_secret(PULL_SECRET, registry.host, USER, PASSWORD))
+    references = {name: f"{registry.host}/{image.repository}" for name, image in PULLED_IMAGES.items()}
+    try:
+        for name, image in PULLED_IMAGES.items():
+            body = _pool(
+                references[name], api.AGENT_INJECTED, image.pool,
+                pull_policy="IfNotPresent", pull_secrets=(PULL_SECRET,),
+            )  # fmt: skip
+            kube.apply(body)
+        for image in PULLED_IMAGES.values():
+            wait_until(
+                partial(_warm, kube, image.pool), timeout=180, what=f"a warm sandbox of {image.name}, pulled"
+            )
+        yield references
+    finally:
+        for image in PULLED_IMAGES.values():
+            kube.run("delete", "sandboxpool", image.pool, "--wait=false")
+
+
+class TestPulledImagesByEveryClient:
+    """musl, distroless and bullseye (glibc 2.31, no python) pulled from the local registry, one pool
+    of each, leased by the gateway API (Fleet), the `sandfleet` CLI and the unmodified e2b SDK
+    (`template=` the image's reference): their commands see the image's Env and WorkingDir."""
+
+    @pytest.mark.parametrize("name", list(PULLED_IMAGES))
+    def test_the_gateway_api(self, fleetside: Fleetside, references: dict[str, str], name: str) -> None:
+        image = PULLED_IMAGES[name]
+        with (
+            fleetside.fleet() as fleet,
+            fleet.lease(image.pool, image=references[name], wait_seconds=120, ttl_seconds=120) as sandbox,
+        ):
+            assert sandbox.lease.image_digest.startswith("sha256:"), sandbox.lease
+            shown = sandbox.exec(image.probe())
+            assert (shown.exit_code, shown.stdout) == (0, image.expected), shown
+            # And it is that image, run by its own programs.
+            own = {
+                "musl": f"{MUSL_LOADER} 2>&1 | head -1; ls /lib64 >/dev/null 2>&1 || echo no-glibc",
+                "distroless": "ls /bin /etc >/dev/null 2>&1 || echo no-shell-no-etc",
+                "bullseye": "ldd --version | head -1; command -v python3 python || echo no-python",
+            }[name]
+            seen = sandbox.exec([*image.shell, own]).stdout.splitlines()
+            expected = {
+                "musl": ["musl libc (x86_64)", "no-glibc"],
+                "distroless": ["no-shell-no-etc"],
+                "bullseye": [seen[0], "no-python"],
+            }
+            assert seen == expected[name], seen
+            if name == "bullseye":
+                assert seen[0].endswith(f" {BULLSEYE_GLIBC}"), seen
+
+    @pytest.mark.parametrize("name", list(PULLED_IMAGES))
+    def test_the_cli(self, fleetside: Fleetside, references: dict[str, str], name: str) -> None:
+        """`sandfleet lease POOL --image REF`, `exec`, `release`: what a user types."""
+        image = PULLED_IMAGES[name]
+        env = {**os.environ, "SANDFLEET_URL": fleetside.url, "SANDFLEET_TOKEN": TOKEN}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*SANDFLEET, *args], env=env, capture_output=True, text=True, timeout=180, check=False
+            )
+
+        leased = cli("lease", image.pool, "--image", references[name], "--wait", "120")
+        assert leased.returncode == 0, leased.stderr
+        lease_id = leased.stdout.strip()
+        try:
+            ran = cli("exec", lease_id, "--", *image.probe())
+            assert (ran.returncode, ran.stdout) == (0, image.expected), (ran.stdout, ran.stderr)
+        finally:
+            released = cli("release", lease_id)
+            assert released.returncode == 0, released.stderr
+
+    @pytest.mark.parametrize("name", list(PULLED_IMAGES))
+    def test_the_e2b_sdk(
+        self, fleetside: Fleetside, references: dict[str, str], name: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`Sandbox.create(template=REF)`: the gateway leases from the pool whose template runs REF."""
+        image = PULLED_IMAGES[name]
+        _e2b_settings(monkeypatch, fleetside.url)
+        sandbox = E2BSandbox.create(template=references[name], timeout=120)
+        try:
+            assert sandbox.get_info().template_id == references[name]
+            if name == "distroless":
+                # No shell at all: the SDK's `bash -l -c` (and the gateway's `sh` fallback) is
+                # refused as not found, and nothing runs.
+                with pytest.raises(Exception, match=r"(?i)not found") as refused:
+                    sandbox.commands.run('echo "$PATH|$MARKER|$(pwd)"')
+                assert "bash" in str(refused.value) or "sh" in str(refused.value), refused.value
+            else:
+                shown = sandbox.commands.run('echo "$PATH|$MARKER|$(pwd)"')
+                assert shown.exit_code == 0, shown
+                # The SDK's shell is a login shell: Debian's /etc/profile sets its own PATH (as on
+                # E2B); musl's image has no /etc/profile, so its PATH is the image's.
+                path, _, rest = shown.stdout.partition("|")
+                assert rest == f"{image.marker}|{image.workdir}\n", shown
+                assert path.startswith(image.path) if name == "bullseye" else path == image.path, shown
+            # The files routes' root is the image's working directory.
+            sandbox.files.write("e2b.txt", f"from the sdk, {name}\n")
+            assert sandbox.files.read(f"{image.workdir}/e2b.txt") == f"from the sdk, {name}\n"
+            listed = {entry.path for entry in sandbox.files.list(image.workdir)}
+            assert f"{image.workdir}/e2b.txt" in listed, listed
+        finally:
+            sandbox.kill()
+
+    def test_a_setuid_root_program_gives_a_command_no_root(
+        self, fleetside: Fleetside, references: dict[str, str]
+    ) -> None:
+        """containerd unpacks the image's setuid bits (the local runtime clears them): the sandbox
+        container's allowPrivilegeEscalation: false sets no_new_privs, so gVisor runs a setuid-root
+        program (bullseye's BULLSEYE_SETUID_ID, GNU `id`) with the command's own uid."""
+        image = PULLED_IMAGES["bullseye"]
+        pod = fleetside.kube.json("get", "pods", "-l", f"{api.POOL_LABEL}={image.pool}")["items"][0]
+        (container,) = pod["spec"]["containers"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, container
+        with (
+            fleetside.fleet() as fleet,
+            fleet.lease(image.pool, wait_seconds=120, ttl_seconds=120) as sandbox,
+        ):
+            shown = sandbox.exec([
+                "bash", "-c",
+                f"stat -c %A:%U {BULLSEYE_SETUID_ID}; id -u; {BULLSEYE_SETUID_ID} -u; {BULLSEYE_SETUID_ID}; "
+                "grep NoNewPrivs /proc/self/status || echo no-NoNewPrivs-line",
+            ])  # fmt: skip
+            assert shown.exit_code == 0, shown
+            mode, uid, euid, full, no_new_privs = shown.stdout.splitlines()
+            # The bit is there, on a root-owned file: the program would run as root without NNP.
+            assert mode == "-rwsr-xr-x:root", shown
+            assert int(uid) != 0, shown
+            assert euid == uid, f"a setuid-root program gave a command euid {euid}: {full}"
+            assert "euid=" not in full, full  # GNU id names an euid only when it differs
+            assert no_new_privs == "NoNewPrivs:\t1", shown
+
+
 def _leftovers(real_cluster: RealCluster, namespace: str, pool: str) -> list[str]:
     """The pool's Pods still in the API, and containerd's containers still labelled with them."""
     pods = real_cluster.kubectl.json("get", "pods", "-n", namespace, "-l", f"{api.POOL_LABEL}={pool}")
@@ -360,13 +572,15 @@ def _seconds(status: dict[str, Any], state: str, key: str) -> float | None:
     return parse_time(stamp) if stamp else None
 
 
-def _ready_after(kube: Kubectl, manifest: dict[str, Any], keep: bool = False) -> tuple[float, float | None]:
+def _ready_after(
+    kube: Kubectl, manifest: dict[str, Any], keep: bool = False, limit_s: int = 120
+) -> tuple[float, float | None]:
     """Seconds from the create request until the Pod is Ready (kubectl's watch), and the copier's
     run by the kubelet's (one-second) timestamps; the Pod is gone before this returns unless `keep`."""
     name = manifest["metadata"]["name"]
     started = time.monotonic()
     kube.apply(manifest)
-    kube("wait", "--for=condition=Ready", f"pod/{name}", "--timeout=120s", timeout=150)
+    kube("wait", "--for=condition=Ready", f"pod/{name}", f"--timeout={limit_s}s", timeout=limit_s + 30)
     seconds = time.monotonic() - started
     status = kube.json("get", "pod", name)["status"]
     copier = None
@@ -463,8 +677,9 @@ def test_cold_start_with_a_pull_against_a_present_image_and_ctr_pull(
     real_cluster: RealCluster, registry: LocalRegistry, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The musl image (nothing of it on the node) from the registry, injected: created to Ready with
-    the pull (image forgotten first) and without (present), and `ctr images pull` of it, alternating."""
-    image = f"{registry.host}/{PULLED_MUSL}"
+    the pull (image forgotten first) and without (present), and `ctr images pull` of it, alternating.
+    With SANDFLEET_COLD_PULL_IMAGE=conda, the 1 GB conda image the same way."""
+    image = f"{registry.host}/{PULLED_CONDA if COLD_PULL_CONDA else PULLED_MUSL}"
     body = _pool(
         image, api.AGENT_INJECTED, "coldpull", pull_policy="IfNotPresent", pull_secrets=(PULL_SECRET,)
     )
@@ -474,7 +689,7 @@ def test_cold_start_with_a_pull_against_a_present_image_and_ctr_pull(
         assert namespace is not None
         kube.apply(_pull_secret(PULL_SECRET, registry.host, USER, PASSWORD))
         pool = pool_from_object({**body, "metadata": {"namespace": namespace, "name": "coldpull"}})
-        for round_ in range(COLD_STARTS):
+        for round_ in range(COLD_PULL_ROUNDS):
             for kind in ("pull + start", "present"):
                 if kind == "pull + start":
                     _forget(real_cluster, image)
@@ -489,7 +704,7 @@ def test_cold_start_with_a_pull_against_a_present_image_and_ctr_pull(
                     agent_bundle=BUNDLE,
                 )
                 del manifest["metadata"]["ownerReferences"]
-                seconds, _ = _ready_after(kube, manifest, keep=True)
+                seconds, _ = _ready_after(kube, manifest, keep=True, limit_s=COLD_PULL_LIMIT_S)
                 times[kind].append(seconds)
                 pulled = _pull_seconds(kube, name)
                 if kind == "pull + start":
@@ -502,7 +717,7 @@ def test_cold_start_with_a_pull_against_a_present_image_and_ctr_pull(
             started = time.monotonic()
             pulled_by_ctr = real_cluster.ctr(
                 "images", "pull", "--hosts-dir", str(real_cluster.registry_hosts_dir),
-                "--user", f"{USER}:{PASSWORD}", image,
+                "--user", f"{USER}:{PASSWORD}", image, timeout=COLD_PULL_LIMIT_S,
             )  # fmt: skip
             times["ctr pull"].append(time.monotonic() - started)
             assert pulled_by_ctr.returncode == 0, pulled_by_ctr.stderr
@@ -510,8 +725,8 @@ def test_cold_start_with_a_pull_against_a_present_image_and_ctr_pull(
     with capsys.disabled():
         for kind, values in times.items():
             print(
-                f"\n[cold pull, real node] {kind}: median {medians[kind]:.2f} s "
+                f"\n[cold pull, real node, {image.rsplit('/', 1)[-1]}] {kind}: median {medians[kind]:.2f} s "
                 f"({', '.join(f'{v:.2f}' for v in values)})"
             )
     # A measurement (docs/images.md, "Kubernetes"), not a gate.
-    assert medians["pull + start"] < 60.0, times
+    assert medians["pull + start"] < COLD_PULL_LIMIT_S / 2, times
