@@ -12,7 +12,12 @@ from pathlib import Path
 from types import FrameType
 
 from sandfleet_agent import image_config, image_files, probe, programs, reaper, reset
-from sandfleet_agent.evaluate import HARBOR_SOLUTION_DIR, HARBOR_TESTS_DIR, default_logs_dir
+from sandfleet_agent.evaluate import (
+    HARBOR_SOLUTION_DIR,
+    HARBOR_TESTS_DIR,
+    default_logs_dir,
+    prepare_episode_logs,
+)
 from sandfleet_agent.server import DEFAULT_PATH, AgentConfig, AgentServer
 from sandfleet_agent.users import Identity, parse_identity
 
@@ -240,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sandfleet-agent: --bundle: {error}", file=sys.stderr)
             return 2
     roots = extra_roots(args.extra_root, Path(args.logs_dir))
+    if exec_user is not None:  # users split (the agent is root): the commands' user needs its logs
+        try:
+            prepare_episode_logs(Path(args.logs_dir), exec_user)
+        except OSError as error:
+            print(f"sandfleet-agent: cannot prepare --logs-dir: {error}", file=sys.stderr)
+            return 2
     pristine = Path(args.pristine_dir) if args.pristine_dir else None
     # Everywhere the sandbox's users and the files routes can write (the rest of the image is root's).
     reset_roots = (root, *(Path(p) for p in RESET_ROOTS), *roots)

@@ -40,6 +40,9 @@ HARBOR_TEST_SCRIPT = "tests/test.sh"
 # Where a Harbor trial uploads a task's tests and its reference solution.
 HARBOR_TESTS_DIR = "/tests"
 HARBOR_SOLUTION_DIR = "/solution"
+# Under <logs>, what Harbor's agents write (an oracle's log, the artifacts a separate verifier gets):
+# the commands' user's, where <logs> and <logs>/verifier stay root's and the verifier's.
+HARBOR_EPISODE_LOG_DIRS = ("agent", "artifacts")
 PATCH_TIMEOUT_S = 60.0
 OUTPUT_TAIL_BYTES = 64 << 10
 DEFAULT_EVALUATE_TIMEOUT_S = 1800.0
@@ -318,6 +321,25 @@ def _git_apply(
         wait_and_forget(proc)
         raise unprocessable("applying the patch timed out", wire.BAD_PATCH) from None
     return subprocess.CompletedProcess(argv, wait_and_forget(proc), stdout, stderr)
+
+
+def prepare_episode_logs(logs: Path, exec_user: Identity) -> None:
+    """Make <logs> (root's) and Harbor's episode directories in it, the commands' user's.
+
+    A Harbor trial makes /logs/agent writable before its agent runs (the oracle writes its log
+    there); the verifier's directory is left to evaluate, which empties and re-owns it each time.
+    """
+    if logs.is_symlink():
+        logs.unlink()
+    logs.mkdir(parents=True, exist_ok=True)
+    os.lchown(logs, os.geteuid(), os.getegid())
+    os.chmod(logs, 0o755)
+    for name in HARBOR_EPISODE_LOG_DIRS:
+        directory = logs / name
+        if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+            directory.unlink()
+        directory.mkdir(mode=0o755, exist_ok=True)
+        os.lchown(directory, exec_user.uid, exec_user.gid)
 
 
 def _prepare_verifier_dir(verification: Verification) -> None:

@@ -78,6 +78,19 @@ def test_harbor_task_is_verified_by_harbor_in_gvisor(gateway: str, tmp_path: Pat
     assert solved["rewards"] == {"reward": 1.0}
 
 
+def test_harbor_run_with_the_oracle_passes_on_the_default_pool_in_harbors_shared_mode(
+    gateway: str, tmp_path: Path
+) -> None:
+    # Users split: the oracle writes its log to /logs/agent (the agent makes it the sandbox user's)
+    # and Harbor's verifier runs /tests/test.sh as the verifier, through evaluate, in the same lease.
+    result = harbor_run(TASK, gateway, None, tmp_path / "jobs")
+    assert result["exception_info"] is None, result["exception_info"]
+    assert result["oracle_log"] == ""
+    assert result["verifier_result"]["rewards"] == {"reward": 1.0}
+    idle = harbor_run(TASK, gateway, None, tmp_path / "idle", agent="nop")
+    assert (idle["exception_info"], idle["verifier_result"]["rewards"]) == (None, {"reward": 0.0})
+
+
 def base_archive(base_image: ImageRef) -> Path:
     archive = base_image.layout.parent / "image.oci.tar"
     if shutil.which("buildah") is None or not archive.exists():
@@ -126,11 +139,13 @@ def root_gateway(built_image: str, tmp_path_factory: pytest.TempPathFactory) -> 
     stop_local_serve(process, log)
 
 
-def harbor_run(task: Path, gateway: str, image: str, jobs: Path, agent: str = "oracle") -> dict[str, Any]:
-    """`harbor run -a AGENT` on one task over the gateway; its one trial's result.json."""
+def harbor_run(
+    task: Path, gateway: str, image: str | None, jobs: Path, agent: str = "oracle"
+) -> dict[str, Any]:
+    """`harbor run -a AGENT` on one task over the gateway (the pool's own image without one)."""
     argv = [str(HARBOR), "run", "-p", str(task), "-a", agent, "-e", IMPORT_PATH, "-o", str(jobs),
             "-n", "1", "-y", "-q", "--ek", f"url={gateway}", "--ek", "token=local-token",
-            "--ek", "pool=python", "--ek", f"image={image}"]  # fmt: skip
+            "--ek", "pool=python", *(["--ek", f"image={image}"] if image else [])]  # fmt: skip
     # litellm (imported by harbor) would try to fetch its model cost map from the internet first.
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandfleet_agent.evaluate import CANNOT_RUN, outcome_of, parse_junit, read_reward
+from sandfleet_agent.evaluate import CANNOT_RUN, outcome_of, parse_junit, prepare_episode_logs, read_reward
+from sandfleet_agent.users import Identity
 from tests.support.pytest_summary import ANSI, MIXED_TESTS, summary_counts
 from tests.unit.agent.conftest import Agent
 
@@ -239,3 +241,23 @@ def test_outcome_rule(
     else:
         assert outcome == ("passed" if reward >= 1.0 else "failed")
         assert reason is None
+
+
+def test_harbors_episode_log_directories_are_the_commands_users_and_logs_stays_roots(tmp_path: Path) -> None:
+    # A Harbor trial's oracle writes /logs/agent/oracle.txt as the episode's user; /logs itself, and
+    # the verifier's directory in it, are not the episode's to change.
+    user = Identity(uid=4242, gid=4243, home="/home/x")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    logs = tmp_path / "logs"
+    logs.symlink_to(elsewhere)  # a link where <logs> goes is replaced, never followed
+    (elsewhere / "agent").mkdir()
+    prepare_episode_logs(logs, user)
+    assert not logs.is_symlink()
+    assert logs.is_dir()
+    assert (logs.stat().st_uid, logs.stat().st_mode & 0o777) == (os.geteuid(), 0o755)
+    for name in ("agent", "artifacts"):
+        info = (logs / name).lstat()
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (4242, 4243, 0o755)
+    assert (elsewhere / "agent").stat().st_uid == os.geteuid()  # the link's target was left alone
+    assert not (logs / "verifier").exists()  # evaluate makes it the verifier's, each time
